@@ -1,0 +1,68 @@
+"""One exception tree for argus, with structured data.
+
+Errors are classified the kopf way: a :class:`PermanentError` cannot heal by retrying
+(bad input, a refused request) and is reported until its input changes; a
+:class:`TemporaryError` (an unreachable dashboard, a failed fetch) is retried with a delay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ArgusError(Exception):
+    """Base of every error argus raises on purpose."""
+
+
+class PermanentError(ArgusError):
+    """Retrying the same input gives the same failure; wait for the input to change."""
+
+
+class TemporaryError(ArgusError):
+    """May heal by itself; retry after ``delay`` seconds (a hint, not a promise)."""
+
+    def __init__(self, message: str, delay: float = 5.0) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+@dataclass(frozen=True, order=True)
+class Issue:
+    """One problem with the desired state, located as ``path:line``.
+
+    ``line`` is 1-based; 0 means the problem is about the file as a whole.
+    """
+
+    path: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.message}" if self.line else f"{self.path}: {self.message}"
+
+    def to_json(self) -> dict[str, object]:
+        return {"path": self.path, "line": self.line, "message": self.message}
+
+
+class InvalidSpec(PermanentError):
+    """The desired state has errors; ``issues`` lists every one of them."""
+
+    def __init__(self, issues: list[Issue]) -> None:
+        super().__init__("\n".join(str(i) for i in issues))
+        self.issues = issues
+
+
+class SourceUnavailable(TemporaryError):
+    """The git source could not be read (fetch failed, branch missing, ...). Nothing is deleted."""
+
+
+class RayUnavailable(TemporaryError):
+    """The Ray dashboard (Jobs or Serve REST API) did not answer. Nothing is applied."""
+
+
+class ApplyFailed(ArgusError):
+    """Ray refused an action. ``permanent`` tells whether retrying the same request can help."""
+
+    def __init__(self, message: str, *, permanent: bool) -> None:
+        super().__init__(message)
+        self.permanent = permanent

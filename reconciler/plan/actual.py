@@ -1,0 +1,186 @@
+"""Actual state as plain data: what the observers report and what ``argus plan --actual`` reads.
+
+JSON form (documented in the README)::
+
+    {"models": [{"user": "alice", "name": "chat", "served_name": "alice-202611291200-chat",
+                 "spec_hash": "...", "replicas": 1, "ready_replicas": 1, "status": "RUNNING",
+                 "message": "", "resources_per_replica": {"GPU": 1}}],
+     "jobs": [{"submission_id": "argus-alice-grpo-1a2b3c4d", "user": "alice", "task": "grpo",
+               "spec_hash": "...", "status": "RUNNING", "message": "", "resources": {"GPU": 2},
+               "hf_checkpoint": null, "start_time": 0, "end_time": null}],
+     "capacity": {"total": {"GPU": 8, "CPU": 64}, "available": {"GPU": 4, "CPU": 40}}}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from reconciler.errors import PermanentError
+from reconciler.spec.types import ObjectKey
+
+Resources = Mapping[str, float]
+
+FINAL_JOB_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+ACTIVE_JOB_STATES = frozenset({"PENDING", "RUNNING"})
+
+
+@dataclass(frozen=True)
+class ActualModel:
+    """One owned Serve application (one model)."""
+
+    key: ObjectKey
+    served_name: str
+    spec_hash: str
+    replicas: int  # target replicas in the deployed config
+    ready_replicas: int = 0  # replicas in state RUNNING
+    status: str = "DEPLOYING"  # Serve application status
+    message: str = ""
+    resources_per_replica: Resources = field(default_factory=dict)
+
+    def placed(self) -> dict[str, float]:
+        """Resources Ray already counts as used by this model (its running replicas)."""
+        return scale(self.resources_per_replica, self.ready_replicas)
+
+    def committed(self) -> dict[str, float]:
+        """Resources this model will hold once every target replica runs."""
+        return scale(self.resources_per_replica, self.replicas)
+
+
+@dataclass(frozen=True)
+class ActualJob:
+    """One owned Ray Job (one run of a task)."""
+
+    submission_id: str
+    key: ObjectKey
+    spec_hash: str
+    status: str  # PENDING RUNNING SUCCEEDED FAILED STOPPED
+    message: str = ""
+    resources: Resources = field(default_factory=dict)
+    hf_checkpoint: str | None = None  # newest Hugging Face checkpoint folder, if any
+    start_time: int | None = None  # epoch ms, as Ray reports
+    end_time: int | None = None
+    revision: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE_JOB_STATES
+
+    def placed(self) -> dict[str, float]:
+        return dict(self.resources) if self.status == "RUNNING" else {}
+
+    def committed(self) -> dict[str, float]:
+        return dict(self.resources) if self.active else {}
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Cluster resources as Ray reports them (``total`` and currently ``available``)."""
+
+    total: Resources = field(default_factory=dict)
+    available: Resources = field(default_factory=dict)
+
+
+@dataclass
+class ActualState:
+    models: dict[ObjectKey, ActualModel] = field(default_factory=dict)
+    jobs: list[ActualJob] = field(default_factory=list)
+    capacity: Capacity = field(default_factory=Capacity)
+
+    def jobs_of(self, key: ObjectKey) -> list[ActualJob]:
+        return [j for j in self.jobs if j.key == key]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "models": [
+                {
+                    "user": m.key.user,
+                    "name": m.key.name,
+                    "served_name": m.served_name,
+                    "spec_hash": m.spec_hash,
+                    "replicas": m.replicas,
+                    "ready_replicas": m.ready_replicas,
+                    "status": m.status,
+                    "message": m.message,
+                    "resources_per_replica": dict(m.resources_per_replica),
+                }
+                for m in sorted(self.models.values(), key=lambda m: m.key)
+            ],
+            "jobs": [
+                {
+                    "submission_id": j.submission_id,
+                    "user": j.key.user,
+                    "task": j.key.name,
+                    "spec_hash": j.spec_hash,
+                    "status": j.status,
+                    "message": j.message,
+                    "resources": dict(j.resources),
+                    "hf_checkpoint": j.hf_checkpoint,
+                    "start_time": j.start_time,
+                    "end_time": j.end_time,
+                    "revision": j.revision,
+                }
+                for j in sorted(self.jobs, key=lambda j: j.submission_id)
+            ],
+            "capacity": {"total": dict(self.capacity.total), "available": dict(self.capacity.available)},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ActualState:
+        """Parse the documented JSON form. Raises PermanentError naming the bad entry."""
+        try:
+            models = {}
+            for m in data.get("models", []):
+                key = ObjectKey(m["user"], "model", m["name"])
+                models[key] = ActualModel(
+                    key=key,
+                    served_name=m.get("served_name", ""),
+                    spec_hash=m.get("spec_hash", ""),
+                    replicas=int(m.get("replicas", 1)),
+                    ready_replicas=int(m.get("ready_replicas", 0)),
+                    status=m.get("status", "RUNNING"),
+                    message=m.get("message", ""),
+                    resources_per_replica={k: float(v) for k, v in m.get("resources_per_replica", {}).items()},
+                )
+            jobs = [
+                ActualJob(
+                    submission_id=j["submission_id"],
+                    key=ObjectKey(j["user"], "task", j["task"]),
+                    spec_hash=j.get("spec_hash", ""),
+                    status=j["status"],
+                    message=j.get("message", ""),
+                    resources={k: float(v) for k, v in j.get("resources", {}).items()},
+                    hf_checkpoint=j.get("hf_checkpoint"),
+                    start_time=j.get("start_time"),
+                    end_time=j.get("end_time"),
+                    revision=j.get("revision"),
+                )
+                for j in data.get("jobs", [])
+            ]
+            cap = data.get("capacity", {})
+            capacity = Capacity(
+                total={k: float(v) for k, v in cap.get("total", {}).items()},
+                available={k: float(v) for k, v in cap.get("available", {}).items()},
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise PermanentError(f"actual-state JSON is malformed: {exc!r}") from exc
+        return cls(models=models, jobs=jobs, capacity=capacity)
+
+
+def scale(resources: Resources, n: float) -> dict[str, float]:
+    return {k: v * n for k, v in resources.items() if v * n}
+
+
+def add(a: Resources, b: Resources) -> dict[str, float]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def sub(a: Resources, b: Resources) -> dict[str, float]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0.0) - v
+    return out

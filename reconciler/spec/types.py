@@ -1,0 +1,179 @@
+"""Dataclasses of the desired state, as loaded from a config repository."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from reconciler.errors import Issue
+
+Kind = Literal["model", "task"]
+Workload = Literal["ppo", "grpo", "sft", "command"]
+
+
+@dataclass(frozen=True, order=True)
+class ObjectKey:
+    """Identity of one object: ``users/<user>/<kind>s/<name>.yaml``."""
+
+    user: str
+    kind: Kind
+    name: str
+
+    @property
+    def path(self) -> str:
+        return f"users/{self.user}/{self.kind}s/{self.name}.yaml"
+
+    def __str__(self) -> str:
+        return f"{self.user}/{self.kind}s/{self.name}"
+
+    @classmethod
+    def parse(cls, text: str) -> ObjectKey:
+        """Parse ``user/models/name`` (or ``user/tasks/name``). Raises ValueError."""
+        user, kinds, name = text.split("/")
+        if kinds not in ("models", "tasks"):
+            raise ValueError(f"not an object key: {text!r}")
+        kind: Kind = "model" if kinds == "models" else "task"
+        return cls(user, kind, name)
+
+
+@dataclass(frozen=True)
+class UserPolicy:
+    gpus: int | None = None  # quota; None = unlimited
+
+
+@dataclass(frozen=True)
+class Paths:
+    common: str = "/private/hf"
+    users: str = "/private/users"
+
+
+@dataclass(frozen=True)
+class Serving:
+    accelerator: Literal["gpu", "cpu"] = "gpu"
+    accelerator_type: str | None = None
+    http_port: int = 8000
+    proxy_location: str = "HeadOnly"
+    cpus_per_replica: float = 1.0
+
+
+@dataclass(frozen=True)
+class Training:
+    rollout: str = "vllm"
+    driver_resources: Mapping[str, float] = field(default_factory=lambda: {"worker_node": 1.0})
+
+
+@dataclass(frozen=True)
+class Prune:
+    max_fraction: float = 0.5
+    min_deletions: int = 3
+
+
+@dataclass(frozen=True)
+class Security:
+    require_signed_commits: bool = False
+    allowed_signers: str | None = None
+    admins: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """``cluster.yaml``; every field has a default, so a missing file means ``ClusterSpec()``."""
+
+    users: Mapping[str, UserPolicy] | None = None  # None: any user may have a folder
+    paths: Paths = field(default_factory=Paths)
+    serving: Serving = field(default_factory=Serving)
+    training: Training = field(default_factory=Training)
+    env: Mapping[str, str] = field(default_factory=lambda: {"HF_HUB_OFFLINE": "1"})
+    prune: Prune = field(default_factory=Prune)
+    security: Security = field(default_factory=Security)
+
+    def quota(self, user: str) -> int | None:
+        if self.users is None:
+            return None
+        policy = self.users.get(user)
+        return policy.gpus if policy else None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A served model. ``source_path`` is the resolved local folder (None when unresolved:
+    offline validation, or a ``task:`` source, resolved by the planner from actual state)."""
+
+    key: ObjectKey
+    source: str
+    source_path: str | None
+    source_task: str | None
+    replicas: int
+    gpus_per_replica: int
+    engine_kwargs: Mapping[str, object]
+    env: Mapping[str, str]
+    suspend: bool
+    created_at: int  # UTC epoch seconds of the commit that added the file
+    line: int = 1  # line of `source`, for messages
+
+    @property
+    def served_name(self) -> str:
+        return served_name(self.key.user, self.key.name, self.created_at)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A training task. Paths are resolved (macros expanded, HF ids mapped to snapshots when online)."""
+
+    key: ObjectKey
+    workload: Workload
+    model: str | None
+    model_path: str | None
+    data_train: str | None
+    data_val: str | None
+    nodes: int
+    gpus_per_node: int
+    epochs: int
+    steps: int | None
+    overrides: tuple[str, ...]
+    override_lines: tuple[int, ...]
+    command: str | None
+    working_dir: str | None
+    env: Mapping[str, str]
+    run: int
+    suspend: bool
+    created_at: int
+    raw: Mapping[str, object] = field(default_factory=dict, compare=False)  # normalised spec, for the hash
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass
+class DesiredState:
+    """Everything read from the repository at one revision.
+
+    ``invalid`` holds objects whose file exists but does not load: the planner keeps
+    what runs for them. ``issues`` holds every error found, for reports.
+    """
+
+    cluster: ClusterSpec
+    models: dict[ObjectKey, ModelSpec] = field(default_factory=dict)
+    tasks: dict[ObjectKey, TaskSpec] = field(default_factory=dict)
+    invalid: dict[ObjectKey, list[Issue]] = field(default_factory=dict)
+    issues: list[Issue] = field(default_factory=list)
+    cluster_valid: bool = True
+    revision: str | None = None
+    approve_prune: bool = False
+
+    @property
+    def object_count(self) -> int:
+        return len(self.models) + len(self.tasks)
+
+    def keys(self) -> set[ObjectKey]:
+        return set(self.models) | set(self.tasks) | set(self.invalid)
+
+
+def served_name(user: str, name: str, created_at: int) -> str:
+    """The OpenAI ``model=`` name: ``<user>-<YYYYMMDDHHMM>-<name>`` (UTC)."""
+    import time
+
+    stamp = time.strftime("%Y%m%d%H%M", time.gmtime(created_at))
+    return f"{user}-{stamp}-{name}"
