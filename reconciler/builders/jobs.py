@@ -1,0 +1,238 @@
+"""Ray Job submissions for training tasks. Pure: no I/O, no ``ray`` import.
+
+A task becomes one ``POST /api/jobs/`` body (:func:`job_submission`). Ownership and
+identity travel in the job's ``metadata`` (Ray keeps it with the job), so the observer
+can rebuild everything from Ray alone:
+
+=====================  ===================================================
+``managed-by``         ``argus`` (only such jobs are ever touched)
+``argus-user``         task owner
+``argus-task``         task name
+``argus-spec-hash``    :func:`~reconciler.spec.hashing.task_spec_hash`
+``argus-revision``     git revision that submitted it ("" when unknown)
+``argus-run-dir``      absolute run folder (checkpoints live below it)
+``argus-gpus``         GPUs the task uses (verl claims them from its workers,
+                       not through the driver's entrypoint resources)
+``argus-workload``     ppo | grpo | sft | command
+=====================  ===================================================
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+from reconciler.errors import PermanentError
+from reconciler.spec.hashing import submission_id, task_spec_hash
+from reconciler.spec.types import ClusterSpec, TaskSpec
+
+MANAGED_BY = "managed-by"
+MANAGER = "argus"
+LABEL_USER = "argus-user"
+LABEL_TASK = "argus-task"
+LABEL_SPEC_HASH = "argus-spec-hash"
+LABEL_REVISION = "argus-revision"
+LABEL_RUN_DIR = "argus-run-dir"
+LABEL_GPUS = "argus-gpus"
+LABEL_WORKLOAD = "argus-workload"
+
+ENV_RUN_DIR = "ARGUS_RUN_DIR"
+ENV_CHECKPOINT_DIR = "ARGUS_CHECKPOINT_DIR"
+
+PPO_MODULE = "verl.trainer.main_ppo"
+SFT_MODULE = "verl.trainer.sft_trainer_ray"
+
+# Small enough for any model on one GPU; verl refuses to start without them
+# (unless use_dynamic_bsz). Users tune them through `overrides`.
+MICRO_BATCH_PER_GPU = 4
+# GRPO's advantage is relative within a group of samples per prompt: n=1 learns nothing.
+GRPO_ROLLOUT_N = 4
+# verl's PPO trainer saves only when save_freq > 0 (then also at the last step);
+# the SFT trainer always saves at the last step. Bounded by the keep-limit below.
+SAVE_FREQ = 100
+CKPT_TO_KEEP = 2
+# `hf_model` makes verl write a servable HF folder (global_step_N/actor/huggingface).
+SAVE_CONTENTS = "[model,optimizer,extra,hf_model]"
+
+# A hydra override value that needs no quoting (paths, numbers, names).
+_PLAIN_VALUE = re.compile(r"^[A-Za-z0-9_./~+:@%-]+$")
+
+
+def run_dir(task: TaskSpec, cluster: ClusterSpec) -> str:
+    """Return the run folder ``<paths.users>/<user>/jobs/<task>/<submission-id>`` (absolute)."""
+    return posixpath.join(cluster.paths.users, task.key.user, "jobs", task.key.name, submission_id(task))
+
+
+def checkpoint_dir(run_folder: str) -> str:
+    """Return the checkpoints folder of a run folder."""
+    return posixpath.join(run_folder, "checkpoints")
+
+
+def hydra_value(value: object) -> str:
+    """Render ``value`` for a hydra override: plain when safe, else a quoted hydra string."""
+    text = str(value)
+    if _PLAIN_VALUE.match(text):
+        return text
+    escaped = text.replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{escaped}'"
+
+
+def derived_overrides(task: TaskSpec, cluster: ClusterSpec, *, run_folder: str, wandb: bool) -> list[str]:
+    """Return argus's hydra overrides for a verl task (without the user's ``overrides``).
+
+    Raises PermanentError for ``command`` tasks or a task without model/data paths.
+    """
+    if task.workload == "command":
+        raise PermanentError(f"{task.key}: command tasks have no verl overrides")
+    if not task.model_path or not task.data_train:
+        raise PermanentError(f"{task.key}: model and data.train must be resolved before building the job")
+    ckpt = checkpoint_dir(run_folder)
+    logger = "[console,wandb]" if wandb else "[console]"
+    trainer = [
+        f"trainer.nnodes={task.nodes}",
+        f"trainer.n_gpus_per_node={task.gpus_per_node}",
+        f"trainer.total_epochs={task.epochs}",
+        *([f"trainer.total_training_steps={task.steps}"] if task.steps else []),
+        f"trainer.project_name={hydra_value(task.key.user)}",
+        f"trainer.experiment_name={hydra_value(task.key.name)}",
+        f"trainer.default_local_dir={hydra_value(ckpt)}",
+        f"trainer.logger={logger}",
+    ]
+    # verl's data loader takes a list or a single file; an absent val set falls back to
+    # the train file for PPO (its config requires one) and to null for SFT.
+    if task.workload == "sft":
+        return [
+            f"model.path={hydra_value(task.model_path)}",
+            f"data.train_files={hydra_value(task.data_train)}",
+            f"data.val_files={hydra_value(task.data_val) if task.data_val else 'null'}",
+            f"data.micro_batch_size_per_gpu={MICRO_BATCH_PER_GPU}",
+            f"checkpoint.save_contents={SAVE_CONTENTS}",
+            *trainer,
+            f"trainer.max_ckpt_to_keep={CKPT_TO_KEEP}",
+        ]
+    out = [
+        f"actor_rollout_ref.model.path={hydra_value(task.model_path)}",
+        f"data.train_files={hydra_value(task.data_train)}",
+        f"data.val_files={hydra_value(task.data_val or task.data_train)}",
+        f"actor_rollout_ref.rollout.name={hydra_value(cluster.training.rollout)}",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO_BATCH_PER_GPU}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={MICRO_BATCH_PER_GPU}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={MICRO_BATCH_PER_GPU}",
+        f"actor_rollout_ref.actor.checkpoint.save_contents={SAVE_CONTENTS}",
+    ]
+    if task.workload == "grpo":
+        out += ["algorithm.adv_estimator=grpo", f"actor_rollout_ref.rollout.n={GRPO_ROLLOUT_N}"]
+    else:  # ppo: a value model (critic) initialised from the same base model
+        out += [
+            f"critic.model.path={hydra_value(task.model_path)}",
+            f"critic.ppo_micro_batch_size_per_gpu={MICRO_BATCH_PER_GPU}",
+        ]
+    out += [
+        *trainer,
+        f"trainer.save_freq={SAVE_FREQ}",
+        f"trainer.max_actor_ckpt_to_keep={CKPT_TO_KEEP}",
+        f"trainer.max_critic_ckpt_to_keep={CKPT_TO_KEEP}",
+    ]
+    return out
+
+
+def verl_overrides(task: TaskSpec, cluster: ClusterSpec, *, run_folder: str, wandb: bool) -> list[str]:
+    """Return every hydra override: argus's first, the user's ``overrides`` last (they win)."""
+    return [*derived_overrides(task, cluster, run_folder=run_folder, wandb=wandb), *task.overrides]
+
+
+def verl_module(task: TaskSpec) -> str:
+    """Return the verl entry module of a ppo/grpo/sft task."""
+    return SFT_MODULE if task.workload == "sft" else PPO_MODULE
+
+
+def verl_config_name(task: TaskSpec) -> str:
+    """Return the hydra config name verl's entry module composes for this task."""
+    return "sft_trainer_engine" if task.workload == "sft" else "ppo_trainer"
+
+
+def verl_argv(task: TaskSpec, cluster: ClusterSpec, *, run_dir: str, wandb: bool) -> list[str]:
+    """Return the argv of a verl task: ``python3 -m <module> <overrides...>``.
+
+    Raises PermanentError for ``command`` tasks or unresolved model/data paths.
+    """
+    return ["python3", "-m", verl_module(task), *verl_overrides(task, cluster, run_folder=run_dir, wandb=wandb)]
+
+
+def job_env(task: TaskSpec, cluster: ClusterSpec, *, run_folder: str, secrets_env: Mapping[str, str]) -> dict[str, str]:
+    """Return the job's env: cluster env < task env < run folders < secrets (later wins)."""
+    return {
+        **{k: str(v) for k, v in cluster.env.items()},
+        **{k: str(v) for k, v in task.env.items()},
+        ENV_RUN_DIR: run_folder,
+        ENV_CHECKPOINT_DIR: checkpoint_dir(run_folder),
+        **{k: str(v) for k, v in secrets_env.items()},
+    }
+
+
+def job_metadata(task: TaskSpec, *, run_folder: str, revision: str | None) -> dict[str, str]:
+    """Return the ownership labels stored with the job (all values are strings)."""
+    return {
+        MANAGED_BY: MANAGER,
+        LABEL_USER: task.key.user,
+        LABEL_TASK: task.key.name,
+        LABEL_SPEC_HASH: task_spec_hash(task),
+        LABEL_REVISION: revision or "",
+        LABEL_RUN_DIR: run_folder,
+        LABEL_GPUS: str(task.gpus),
+        LABEL_WORKLOAD: task.workload,
+    }
+
+
+def working_dir_uri(path: str) -> str:
+    """An absolute path becomes ``local://<path>``: Ray uses it in place (shared storage,
+    no upload, no size limit). A URI (``s3://``, ``gs://``, ``https://...zip``) is kept."""
+    return path if "://" in path else f"local://{path}"
+
+
+def job_submission(
+    task: TaskSpec,
+    cluster: ClusterSpec,
+    *,
+    revision: str | None,
+    secrets_env: Mapping[str, str],
+) -> dict[str, Any]:
+    """Return the JSON body of ``POST /api/jobs/`` for one run of ``task``.
+
+    The driver asks for ``cluster.training.driver_resources`` (a custom resource only
+    worker nodes have) so it never lands on the head. A ``command`` task's driver also
+    takes the task's GPUs (``entrypoint_num_gpus``): Ray then admits it only when they are
+    free. verl drivers take no GPUs; verl's workers claim them through placement groups.
+
+    Raises PermanentError for a multi-node ``command`` task or a verl task with
+    unresolved paths.
+    """
+    folder = run_dir(task, cluster)
+    wandb = "WANDB_API_KEY" in secrets_env
+    runtime_env: dict[str, Any] = {
+        "env_vars": job_env(task, cluster, run_folder=folder, secrets_env=secrets_env)
+    }
+    body: dict[str, Any] = {
+        "submission_id": submission_id(task),
+        "metadata": job_metadata(task, run_folder=folder, revision=revision),
+        "entrypoint_resources": {k: float(v) for k, v in cluster.training.driver_resources.items()},
+    }
+    if task.workload == "command":
+        if not task.command:
+            raise PermanentError(f"{task.key}: workload command needs `command`")
+        if task.nodes != 1:
+            # One entrypoint process on one node: Ray cannot spread it over nodes.
+            raise PermanentError(f"{task.key}: command tasks run on one node (nodes: {task.nodes})")
+        body["entrypoint"] = task.command
+        body["entrypoint_num_gpus"] = task.gpus_per_node
+        if task.working_dir:
+            runtime_env["working_dir"] = working_dir_uri(task.working_dir)
+    else:
+        body["entrypoint"] = shlex.join(verl_argv(task, cluster, run_dir=folder, wandb=wandb))
+    body["runtime_env"] = runtime_env
+    return body

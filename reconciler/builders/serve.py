@@ -1,0 +1,171 @@
+"""Ray Serve application configs for argus models and the router. Pure: dicts in, dicts out.
+
+Naming (everything argus owns starts with ``argus``):
+
+- one application per model, ``argus--<user>--<name>``, with no HTTP route and one
+  deployment ``LLMServer:<served_name>`` (Ray Serve LLM's name for it);
+- one router application ``argus-router`` at ``/`` whose config never changes.
+
+Replica counts live only in the application's ``deployments`` override, never in ``args``:
+Serve restarts every replica of an application whose ``args`` change, but scales in place
+when only ``num_replicas`` changes.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from reconciler.spec.hashing import model_env
+from reconciler.spec.types import ClusterSpec, ModelSpec
+
+OWNED_PREFIX = "argus--"  # prefix of every model application argus owns
+ROUTER_APP = "argus-router"
+MODEL_IMPORT_PATH = "reconciler.serve_apps.model_app:build_app"
+ROUTER_IMPORT_PATH = "reconciler.serve_apps.router:build_router"
+LLM_DEPLOYMENT_PREFIX = "LLMServer:"
+
+
+def app_name(user: str, name: str) -> str:
+    """The Serve application name of model ``users/<user>/models/<name>``."""
+    return f"{OWNED_PREFIX}{user}--{name}"
+
+
+def is_owned_app(name: str) -> bool:
+    """True for every application argus manages (the models and the router)."""
+    return name.startswith(OWNED_PREFIX) or name == ROUTER_APP
+
+
+def llm_deployment_name(model_id: str) -> str:
+    """The deployment name Ray Serve LLM 2.60 gives an ``LLMServer`` for ``model_id``.
+
+    Mirrors ``ray.llm._internal.serve.core.server.builder._get_deployment_name``.
+    """
+    return LLM_DEPLOYMENT_PREFIX + model_id.replace("/", "--").replace(".", "_")
+
+
+def llm_config(model: ModelSpec, cluster: ClusterSpec, source_path: str) -> dict[str, Any]:
+    """The keyword arguments of ``ray.serve.llm.LLMConfig`` for ``model`` (JSON-able).
+
+    GPU mode: ``tensor_parallel_size = gpus_per_replica`` GPU bundles packed on one node,
+    ``accelerator_type`` from cluster.yaml when set. CPU mode: one bundle of
+    ``serving.cpus_per_replica`` CPUs and ``accelerator_config.kind = cpu``.
+    """
+    serving = cluster.serving
+    engine_kwargs: dict[str, Any] = dict(model.engine_kwargs)
+    config: dict[str, Any] = {
+        "model_loading_config": {"model_id": model.served_name, "model_source": source_path},
+        # num_replicas here (not autoscaling) makes the app-level `deployments` override
+        # scale in place; the override carries the real count.
+        # num_cpus 0: Ray Serve LLM adds the replica actor's resources to the first
+        # bundle; with 0 the reservation is exactly the bundles below, which is what
+        # the planner counts (reconciler.plan.demand.model_resources_per_replica).
+        "deployment_config": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0}},
+        "runtime_env": {"env_vars": model_env(model, cluster)},
+    }
+    if serving.accelerator == "cpu":
+        config["accelerator_config"] = {"kind": "cpu"}
+        config["placement_group_config"] = {
+            "bundles": [{"CPU": float(serving.cpus_per_replica)}],
+            "strategy": "PACK",
+        }
+    else:
+        engine_kwargs["tensor_parallel_size"] = model.gpus_per_replica
+        config["placement_group_config"] = {
+            "bundles": [{"GPU": 1.0} for _ in range(model.gpus_per_replica)],
+            "strategy": "PACK",
+        }
+        if serving.accelerator_type:
+            config["accelerator_type"] = serving.accelerator_type
+    config["engine_kwargs"] = engine_kwargs
+    return config
+
+
+def model_app_config(model: ModelSpec, cluster: ClusterSpec, source_path: str, spec_hash: str) -> dict[str, Any]:
+    """The Serve REST application entry that serves ``model`` with ``model.replicas`` replicas.
+
+    ``source_path`` is the resolved local model folder; ``spec_hash`` is
+    ``model_spec_hash(model, cluster, checkpoint)`` and is stored in ``args.argus`` for the
+    observer. Raises ValueError when ``model.replicas < 1`` (a suspended or zero-replica
+    model has no application; Serve rejects ``num_replicas: 0``).
+    """
+    if model.replicas < 1:
+        raise ValueError(f"{model.key}: a Serve application needs at least one replica")
+    served = model.served_name
+    return {
+        "name": app_name(model.key.user, model.key.name),
+        "route_prefix": None,  # reached through the router only
+        "import_path": MODEL_IMPORT_PATH,
+        "args": {
+            "argus": {
+                "user": model.key.user,
+                "name": model.key.name,
+                "spec_hash": spec_hash,
+                "served_name": served,
+            },
+            "llm_config": llm_config(model, cluster, source_path),
+        },
+        "deployments": [{"name": llm_deployment_name(served), "num_replicas": model.replicas}],
+    }
+
+
+def router_app_config(cluster: ClusterSpec) -> dict[str, Any]:
+    """The router application entry; the same for every cluster and model set.
+
+    ``cluster`` is accepted for symmetry and future options; nothing in it is used, on
+    purpose: any change here would restart the router.
+    """
+    del cluster
+    return {"name": ROUTER_APP, "route_prefix": "/", "import_path": ROUTER_IMPORT_PATH, "args": {}}
+
+
+def serve_config(apps: list[dict[str, Any]], cluster: ClusterSpec) -> dict[str, Any]:
+    """The body of ``PUT /api/serve/applications/`` deploying exactly ``apps``.
+
+    ``http_options`` and ``proxy_location`` only take effect when Serve first starts on
+    the cluster; later changes are ignored by Serve (the observer reports a mismatch).
+    """
+    return {
+        "proxy_location": cluster.serving.proxy_location,
+        "http_options": {"host": "0.0.0.0", "port": cluster.serving.http_port},
+        "applications": [copy.deepcopy(a) for a in apps],
+    }
+
+
+# Defaults Ray Serve 2.60 fills into an application's `deployed_app_config` (as returned
+# by GET /api/serve/applications/) when the PUT body left them out.
+_APP_DEFAULTS: Mapping[str, Any] = {
+    "route_prefix": "/",
+    "runtime_env": {},
+    "deployments": [],
+    "args": {},
+}
+# Fields Serve echoes with their default value; dropped when they equal it.
+_APP_DROP_IF: Mapping[str, Any] = {
+    "host": "0.0.0.0",
+    "port": 8000,
+    "autoscaling_policy": None,
+    "logging_config": None,
+    "external_scaler_enabled": False,
+}
+
+
+def normalise_app(app: Mapping[str, Any]) -> dict[str, Any]:
+    """Return ``app`` in a canonical form for comparing desired and deployed configs.
+
+    Fills Serve's defaults for missing fields, drops fields equal to their default, and
+    sorts the deployment overrides by name, so a desired entry and the
+    ``deployed_app_config`` Serve reports for it compare equal. Does not modify ``app``.
+    """
+    out: dict[str, Any] = copy.deepcopy(dict(app))
+    for key, default in _APP_DEFAULTS.items():
+        if key not in out:
+            out[key] = copy.deepcopy(default)
+    if "route_prefix" in app and app["route_prefix"] is None:
+        out["route_prefix"] = None
+    for key, default in _APP_DROP_IF.items():
+        if key in out and out[key] == default:
+            del out[key]
+    out["deployments"] = sorted((dict(d) for d in out["deployments"]), key=lambda d: str(d.get("name", "")))
+    return out

@@ -1,0 +1,152 @@
+"""Observe argus's Ray Jobs through the Jobs REST API. I/O.
+
+Ownership is read back from each job's ``metadata`` (``managed-by: argus``): Ray is the
+only record of what argus submitted; jobs without the label are never reported.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import urllib.parse
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from reconciler.builders.jobs import (
+    LABEL_GPUS,
+    LABEL_REVISION,
+    LABEL_RUN_DIR,
+    LABEL_SPEC_HASH,
+    LABEL_TASK,
+    LABEL_USER,
+    MANAGED_BY,
+    MANAGER,
+)
+from reconciler.dashboard import Dashboard
+from reconciler.plan.actual import ActualJob
+from reconciler.spec.types import ObjectKey
+
+# Files that make a folder loadable by `from_pretrained` (one is enough, besides config.json).
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+_WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+_GLOBAL_STEP = re.compile(r"global_step_(\d+)")
+# verl keeps optimizer shards next to the HF folder; nothing worth finding is deeper.
+_MAX_DEPTH = 6
+
+
+def observe_jobs(dash: Dashboard) -> list[ActualJob]:
+    """Return every argus-owned Ray Job (all states), newest Ray data.
+
+    ``hf_checkpoint`` is filled for SUCCEEDED jobs (a file-system scan of the run folder
+    named in the job's metadata). Raises RayUnavailable / DashboardError from the client.
+    """
+    data = dash.get("/api/jobs/")
+    jobs = data if isinstance(data, list) else []
+    out = []
+    for info in jobs:
+        job = _to_actual(info)
+        if job is not None:
+            out.append(job)
+    return sorted(out, key=lambda j: j.submission_id)
+
+
+def _to_actual(info: Mapping[str, Any]) -> ActualJob | None:
+    """One ``JobDetails`` entry as an :class:`ActualJob`, or None when argus does not own it."""
+    meta = info.get("metadata") or {}
+    sid = info.get("submission_id")
+    if meta.get(MANAGED_BY) != MANAGER or not sid or not meta.get(LABEL_USER) or not meta.get(LABEL_TASK):
+        return None
+    status = str(info.get("status", "PENDING"))
+    run_folder = meta.get(LABEL_RUN_DIR) or None
+    checkpoint = find_hf_checkpoint(run_folder) if status == "SUCCEEDED" and run_folder else None
+    return ActualJob(
+        submission_id=str(sid),
+        key=ObjectKey(str(meta[LABEL_USER]), "task", str(meta[LABEL_TASK])),
+        spec_hash=str(meta.get(LABEL_SPEC_HASH, "")),
+        status=status,
+        message=str(info.get("message") or ""),
+        resources=job_resources(info),
+        hf_checkpoint=checkpoint,
+        start_time=info.get("start_time") or None,
+        end_time=info.get("end_time") or None,
+        revision=meta.get(LABEL_REVISION) or None,
+    )
+
+
+def job_resources(info: Mapping[str, Any]) -> dict[str, float]:
+    """Resources a job holds while active, in the shape of ``plan.demand.task_resources``.
+
+    The driver's entrypoint fields, plus the ``argus-gpus`` label: a verl driver takes no
+    GPUs itself (its workers claim them), yet the task uses them.
+    """
+    out: dict[str, float] = {k: float(v) for k, v in (info.get("entrypoint_resources") or {}).items()}
+    for field, name in (("entrypoint_num_cpus", "CPU"), ("entrypoint_num_gpus", "GPU"), ("entrypoint_memory", "memory")):
+        value = float(info.get(field) or 0)
+        if value:
+            out[name] = out.get(name, 0.0) + value
+    try:
+        labelled = float((info.get("metadata") or {}).get(LABEL_GPUS) or 0)
+    except ValueError:
+        labelled = 0.0
+    if labelled > out.get("GPU", 0.0):
+        out["GPU"] = labelled
+    return out
+
+
+def job_log_tail(dash: Dashboard, submission_id: str, lines: int = 50) -> list[str]:
+    """Return the last ``lines`` lines of a job's driver log ([] when there are none).
+
+    Raises DashboardError (404 for an unknown job) / RayUnavailable from the client.
+    """
+    data = dash.get(f"/api/jobs/{urllib.parse.quote(submission_id, safe='')}/logs")
+    text = data.get("logs", "") if isinstance(data, dict) else str(data or "")
+    return text.splitlines()[-lines:] if lines > 0 else []
+
+
+def find_hf_checkpoint(run_dir: str) -> str | None:
+    """Return the newest Hugging Face model folder under ``run_dir``, or None.
+
+    A HF folder holds ``config.json`` plus weights (``*.safetensors``/``*.bin`` or an
+    index). verl writes ``checkpoints/global_step_N/actor/huggingface`` (PPO/GRPO) or
+    ``checkpoints/global_step_N/huggingface`` (SFT); a command task may write any folder.
+    Newest = highest ``global_step_N`` in the path, then latest modification time.
+    """
+    best: tuple[int, float, str] | None = None
+    for folder, files in _walk(run_dir):
+        if "config.json" not in files or not _has_weights(files):
+            continue
+        steps = [int(m) for m in _GLOBAL_STEP.findall(folder)]
+        rank = (steps[-1] if steps else -1, _mtime(folder, files), folder)
+        if best is None or rank > best:
+            best = rank
+    return os.path.abspath(best[2]) if best else None
+
+
+def _walk(root: str) -> Iterator[tuple[str, set[str]]]:
+    """Yield ``(folder, file names)`` under ``root`` down to ``_MAX_DEPTH`` levels."""
+    if not os.path.isdir(root):
+        return
+    base_depth = root.rstrip(os.sep).count(os.sep)
+    for folder, dirs, files in os.walk(root, onerror=lambda _e: None):
+        if folder.count(os.sep) - base_depth >= _MAX_DEPTH:
+            dirs[:] = []
+        # Hidden folders (.cache, .staging) are scratch space, never a finished model.
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        yield folder, set(files)
+
+
+def _has_weights(files: set[str]) -> bool:
+    return any(f in files for f in _WEIGHT_INDEXES) or any(
+        f.endswith(_WEIGHT_SUFFIXES) and not f.startswith(("optim", "extra", "data_")) for f in files
+    )
+
+
+def _mtime(folder: str, files: set[str]) -> float:
+    """Latest modification time of the folder's files (0 when unreadable)."""
+    times = []
+    for name in files:
+        try:
+            times.append(os.path.getmtime(os.path.join(folder, name)))
+        except OSError:
+            pass
+    return max(times, default=0.0)

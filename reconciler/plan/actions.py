@@ -1,0 +1,91 @@
+"""Actions a plan is made of, and their one sort order. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from reconciler.spec.types import ObjectKey
+
+
+class ActionType(str, Enum):
+    DEPLOY_MODEL = "deploy_model"
+    UPDATE_MODEL = "update_model"  # needs a restart: source, engine, GPUs or env changed
+    SCALE_MODEL = "scale_model"  # replicas only: in place
+    DELETE_MODEL = "delete_model"
+    SUBMIT_TASK = "submit_task"
+    STOP_TASK = "stop_task"
+    QUEUE = "queue"  # not admitted; the reason names the shortfall
+    KEEP = "keep"  # left exactly as it runs (invalid file, suspended, held deletion)
+
+
+# Stops and deletions first (they free capacity), then changes to running things, then new work.
+ORDER = {
+    ActionType.STOP_TASK: 0,
+    ActionType.DELETE_MODEL: 1,
+    ActionType.UPDATE_MODEL: 2,
+    ActionType.SCALE_MODEL: 3,
+    ActionType.DEPLOY_MODEL: 4,
+    ActionType.SUBMIT_TASK: 5,
+    ActionType.QUEUE: 6,
+    ActionType.KEEP: 7,
+}
+
+CHANGES = frozenset(ORDER) - {ActionType.KEEP, ActionType.QUEUE}
+
+
+@dataclass(frozen=True)
+class Action:
+    """One step with a human reason. Fields beyond ``type``/``key``/``reason`` are set when they apply."""
+
+    type: ActionType
+    key: ObjectKey
+    reason: str
+    spec_hash: str | None = None
+    replicas: int | None = None  # target replicas (models)
+    source_path: str | None = None  # resolved model folder (deploy/update/scale)
+    submission_id: str | None = None  # job to submit or stop
+    demand: Mapping[str, float] = field(default_factory=dict)  # resources this action adds
+
+    @property
+    def sort_key(self) -> tuple[int, ObjectKey, str]:
+        return (ORDER[self.type], self.key, self.submission_id or "")
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"action": self.type.value, "object": str(self.key), "reason": self.reason}
+        for name in ("spec_hash", "replicas", "source_path", "submission_id"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        if self.demand:
+            out["demand"] = dict(self.demand)
+        return out
+
+
+@dataclass
+class Plan:
+    """Ordered actions plus plan-wide notes (guard held deletions, cluster.yaml invalid, ...)."""
+
+    actions: list[Action] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    deletions_held: bool = False
+
+    @property
+    def has_changes(self) -> bool:
+        """True when anything is to be applied or is waiting (terraform's exit code 2)."""
+        return any(a.type is not ActionType.KEEP for a in self.actions)
+
+    def of(self, *types: ActionType) -> list[Action]:
+        return [a for a in self.actions if a.type in types]
+
+    def for_key(self, key: ObjectKey) -> list[Action]:
+        return [a for a in self.actions if a.key == key]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "changes": self.has_changes,
+            "deletions_held": self.deletions_held,
+            "notes": list(self.notes),
+            "actions": [a.to_json() for a in self.actions],
+        }

@@ -1,0 +1,256 @@
+"""The planner: ``plan(desired, actual) -> Plan``. Pure: no I/O, no clock, no randomness.
+
+Desired and actual are paired per object; the missing side is the action (gitops-engine).
+Rules, in the order they apply:
+
+1. A broken ``cluster.yaml`` changes nothing at all.
+2. Only owned objects (Serve apps named ``argus--*``, Ray jobs labelled ``managed-by: argus``)
+   appear in ``actual``, so only they are ever changed or deleted.
+3. An invalid or suspended object is kept exactly as it runs.
+4. A task run is identified by its spec hash (``run`` included): never resubmitted,
+   whatever its final status; a changed spec stops the old run and submits the new one.
+5. New work and scale-ups are admitted first come, first served (by the time the file first
+   appeared in git) within free capacity and per-user GPU quotas; the rest is queued.
+6. The mass-deletion guard holds back deletions unless the head commit approves them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from reconciler.plan.actions import Action, ActionType, Plan
+from reconciler.plan.actual import ActualJob, ActualState, Capacity, Resources, add, scale, sub
+from reconciler.plan.demand import model_resources_per_replica, task_resources
+from reconciler.spec.hashing import model_spec_hash, submission_id, task_spec_hash
+from reconciler.spec.types import DesiredState, ModelSpec, ObjectKey
+
+APPROVE_HINT = "push a commit whose message has the trailer `Argus-Approve-Prune: yes` (or run `argus plan --approve-prune`)"
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """New work waiting for admission."""
+
+    created_at: int
+    action: Action
+
+
+def plan(desired: DesiredState, actual: ActualState, capacity: Capacity | None = None) -> Plan:
+    """Return the ordered :class:`Plan` that makes ``actual`` match ``desired``.
+
+    ``capacity`` defaults to ``actual.capacity``; empty capacity means "unknown" and admits
+    everything (noted in the plan). Raises nothing for bad input: it was reported by the loader.
+    """
+    capacity = capacity if capacity is not None else actual.capacity
+    result = Plan()
+    if not desired.cluster_valid:
+        result.notes.append("cluster.yaml is invalid: nothing is changed until it is fixed")
+        for key in sorted(_owned_keys(actual)):
+            result.actions.append(Action(ActionType.KEEP, key, "kept as it runs: cluster.yaml is invalid"))
+        return result
+
+    direct: list[Action] = []
+    candidates: list[_Candidate] = []
+    deletions: list[Action] = []
+    _plan_models(desired, actual, direct, candidates, deletions)
+    _plan_tasks(desired, actual, direct, candidates, deletions)
+    direct.extend(_admit(desired, actual, capacity, candidates, result))
+    direct.extend(_guard(desired, actual, deletions, result))
+    result.actions = sorted(direct, key=lambda a: a.sort_key)
+    return result
+
+
+def _first_issue(desired: DesiredState, key: ObjectKey) -> str:
+    issues = desired.invalid.get(key, [])
+    return str(issues[0]) if issues else "invalid"
+
+
+def _plan_models(
+    desired: DesiredState, actual: ActualState, out: list[Action], cands: list[_Candidate], deletions: list[Action]
+) -> None:
+    cluster = desired.cluster
+    invalid = {k for k in desired.invalid if k.kind == "model"}
+    for key in sorted(set(desired.models) | set(actual.models) | invalid):
+        live = actual.models.get(key)
+        if key in invalid:
+            why = "kept as it runs" if live else "not deployed"
+            out.append(Action(ActionType.KEEP, key, f"{why}: the file is invalid ({_first_issue(desired, key)})"))
+            continue
+        spec = desired.models.get(key)
+        if spec is None:
+            assert live is not None
+            deletions.append(Action(ActionType.DELETE_MODEL, key, "file removed from the repository"))
+            continue
+        if spec.suspend:
+            out.append(Action(ActionType.KEEP, key, "suspended: left exactly as it is"))
+            continue
+        checkpoint, source_path = None, spec.source_path
+        if spec.source_task:
+            job = latest_success(actual.jobs, ObjectKey(key.user, "task", spec.source_task))
+            if job is None or not job.hf_checkpoint:
+                if live:
+                    out.append(Action(ActionType.KEEP, key, f"kept as it runs: no checkpoint of task {spec.source_task} yet"))
+                else:
+                    out.append(Action(ActionType.QUEUE, key, f"waiting for task {spec.source_task}"))
+                continue
+            checkpoint = source_path = job.hf_checkpoint
+        digest = model_spec_hash(spec, cluster, checkpoint)
+        per_replica = model_resources_per_replica(spec, cluster)
+        common = {"spec_hash": digest, "replicas": spec.replicas, "source_path": source_path}
+        if live is None:
+            demand = scale(per_replica, spec.replicas)
+            reason = f"new model {spec.served_name} ({spec.replicas} replica{'s' if spec.replicas > 1 else ''})"
+            cands.append(_Candidate(spec.created_at, Action(ActionType.DEPLOY_MODEL, key, reason, demand=demand, **common)))
+        elif live.spec_hash != digest:
+            demand = _positive(sub(scale(per_replica, spec.replicas), live.committed()))
+            reason = "spec changed (source, engine_kwargs, GPUs or env): restart with the new config"
+            cands.append(_Candidate(spec.created_at, Action(ActionType.UPDATE_MODEL, key, reason, demand=demand, **common)))
+        elif live.replicas != spec.replicas:
+            reason = f"replicas {live.replicas} -> {spec.replicas} (in place)"
+            action = Action(ActionType.SCALE_MODEL, key, reason, **common)
+            if spec.replicas > live.replicas:
+                action = replace(action, demand=scale(per_replica, spec.replicas - live.replicas))
+                cands.append(_Candidate(spec.created_at, action))
+            else:
+                out.append(action)
+
+
+def _plan_tasks(
+    desired: DesiredState, actual: ActualState, out: list[Action], cands: list[_Candidate], deletions: list[Action]
+) -> None:
+    invalid = {k for k in desired.invalid if k.kind == "task"}
+    job_keys = {j.key for j in actual.jobs}
+    for key in sorted(set(desired.tasks) | invalid | job_keys):
+        jobs = actual.jobs_of(key)
+        if key in invalid:
+            running = any(j.active for j in jobs)
+            why = "kept as it runs" if running else "not submitted"
+            out.append(Action(ActionType.KEEP, key, f"{why}: the file is invalid ({_first_issue(desired, key)})"))
+            continue
+        spec = desired.tasks.get(key)
+        if spec is None:
+            for job in jobs:
+                if job.active:
+                    deletions.append(
+                        Action(ActionType.STOP_TASK, key, "file removed from the repository", submission_id=job.submission_id)
+                    )
+            continue
+        if spec.suspend:
+            out.append(Action(ActionType.KEEP, key, "suspended: left exactly as it is"))
+            continue
+        digest, sid = task_spec_hash(spec), submission_id(spec)
+        for job in jobs:
+            if job.active and job.spec_hash != digest and job.submission_id != sid:
+                out.append(
+                    Action(ActionType.STOP_TASK, key, f"spec changed: stopping the old run {job.submission_id}",
+                           submission_id=job.submission_id)
+                )
+        if any(j.submission_id == sid or j.spec_hash == digest for j in jobs):
+            continue  # this spec already ran or runs: never resubmitted
+        demand = task_resources(spec, desired.cluster)
+        reason = f"new run {sid} ({spec.workload}, {spec.gpus} GPU{'s' if spec.gpus != 1 else ''})"
+        action = Action(ActionType.SUBMIT_TASK, key, reason, spec_hash=digest, submission_id=sid, demand=demand)
+        cands.append(_Candidate(spec.created_at, action))
+
+
+def latest_success(jobs: list[ActualJob], key: ObjectKey) -> ActualJob | None:
+    """The most recently finished SUCCEEDED run of task ``key`` that left a checkpoint."""
+    done = [j for j in jobs if j.key == key and j.status == "SUCCEEDED" and j.hf_checkpoint]
+    return max(done, key=lambda j: (j.end_time or 0, j.submission_id), default=None)
+
+
+def _owned_keys(actual: ActualState) -> set[ObjectKey]:
+    return set(actual.models) | {j.key for j in actual.jobs if j.active}
+
+
+def _positive(res: Resources) -> dict[str, float]:
+    return {k: v for k, v in res.items() if v > 0}
+
+
+def _fmt(res: Mapping[str, float]) -> str:
+    return ", ".join(f"{v:g} {k}" for k, v in sorted(res.items()) if v) or "nothing"
+
+
+def free_capacity(actual: ActualState, capacity: Capacity) -> dict[str, float]:
+    """What new work may take: Ray's available resources minus what owned objects were
+    granted but have not placed yet, capped by total minus everything owned objects hold."""
+    unplaced: dict[str, float] = {}
+    committed: dict[str, float] = {}
+    for thing in [*actual.models.values(), *actual.jobs]:
+        unplaced = add(unplaced, _positive(sub(thing.committed(), thing.placed())))
+        committed = add(committed, thing.committed())
+    free = sub(capacity.available, unplaced)
+    cap = sub(capacity.total, committed)
+    return {k: max(0.0, min(v, cap.get(k, v))) for k, v in free.items()}
+
+
+def _admit(
+    desired: DesiredState, actual: ActualState, capacity: Capacity, cands: list[_Candidate], result: Plan
+) -> list[Action]:
+    out: list[Action] = []
+    known = bool(capacity.total or capacity.available)
+    if cands and not known:
+        result.notes.append("capacity unknown (no capacity in the actual state): admission not checked")
+    free = free_capacity(actual, capacity)
+    used: dict[str, float] = {}
+    for thing in [*actual.models.values(), *actual.jobs]:
+        used[thing.key.user] = used.get(thing.key.user, 0.0) + thing.committed().get("GPU", 0.0)
+    blocked: dict[str, ObjectKey] = {}  # resource -> first object queued for lack of it
+    for cand in sorted(cands, key=lambda c: (c.created_at, c.action.key)):
+        action, user = cand.action, cand.action.key.user
+        gpus = action.demand.get("GPU", 0.0)
+        quota = desired.cluster.quota(user)
+        if quota is not None and gpus and used.get(user, 0.0) + gpus > quota:
+            reason = f"user quota: needs {gpus:g} GPU, {user} holds {used.get(user, 0.0):g} of {quota} GPUs"
+            out.append(_queued(action, reason))
+            continue
+        if known:
+            short = {r: v - free.get(r, 0.0) for r, v in action.demand.items() if v > free.get(r, 0.0) + 1e-9}
+            behind = sorted(r for r, v in action.demand.items() if v > 0 and r in blocked)
+            if short:
+                have = ", ".join(f"{free.get(r, 0.0):g} {r}" for r in sorted(short))
+                reason = f"insufficient capacity: needs {_fmt(action.demand)}, free {have} (short by {_fmt(short)})"
+                out.append(_queued(action, reason))
+                for r in short:
+                    blocked.setdefault(r, action.key)
+                continue
+            if behind:
+                firsts = ", ".join(f"{blocked[r]} ({r})" for r in behind)
+                out.append(_queued(action, f"first come, first served: waiting behind {firsts}"))
+                continue
+            free = sub(free, action.demand)
+        used[user] = used.get(user, 0.0) + gpus
+        out.append(action)
+    return out
+
+
+def _queued(action: Action, reason: str) -> Action:
+    what = {
+        ActionType.SCALE_MODEL: "scale-up queued",
+        ActionType.UPDATE_MODEL: "update queued (old version keeps running)",
+    }.get(action.type)
+    return replace(action, type=ActionType.QUEUE, reason=f"{what}: {reason}" if what else reason)
+
+
+def _guard(desired: DesiredState, actual: ActualState, deletions: list[Action], result: Plan) -> list[Action]:
+    """Hold back mass deletions (Flux/Argo CD's most-reported disaster) unless approved."""
+    if not deletions:
+        return []
+    owned = len(_owned_keys(actual))
+    doomed = len({a.key for a in deletions})
+    prune = desired.cluster.prune
+    empty = not desired.keys()
+    too_many = doomed > prune.max_fraction * owned and doomed > prune.min_deletions
+    if not (too_many or (empty and doomed > 1)) or desired.approve_prune:
+        if desired.approve_prune and (too_many or empty):
+            result.notes.append(f"mass deletion of {doomed} of {owned} owned objects approved by the head commit")
+        return deletions
+    why = (
+        "the desired tree has no objects under users/"
+        if empty
+        else f"it would delete {doomed} of {owned} owned objects (more than {prune.max_fraction:.0%} and more than {prune.min_deletions})"
+    )
+    result.deletions_held = True
+    result.notes.append(f"mass-deletion guard: no deletion applied because {why}; to approve, {APPROVE_HINT}")
+    return [replace(a, type=ActionType.KEEP, reason=f"deletion held by the mass-deletion guard ({why})") for a in deletions]

@@ -1,0 +1,144 @@
+"""Read the desired state from a git repository at a commit (blobs, never the work tree). I/O.
+
+:class:`GitRepo` keeps caches between calls so that a re-plan after a push reads only the
+blobs it has not seen and walks only the new commits.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from reconciler.errors import SourceUnavailable
+from reconciler.spec.loader import ParseCache, SourceFile
+
+APPROVE_TRAILER = "Argus-Approve-Prune"
+_RELEVANT = ("users/", "cluster.yaml")
+
+
+def git(repo: str, *args: str, input: bytes | None = None, check: bool = True) -> bytes:
+    """Run ``git -C repo args``; return stdout. Raises SourceUnavailable on failure."""
+    proc = subprocess.run(["git", "-C", repo, *args], input=input, capture_output=True, check=False)
+    if check and proc.returncode != 0:
+        raise SourceUnavailable(f"git {' '.join(args[:3])} failed in {repo}: {proc.stderr.decode(errors='replace').strip()}")
+    return proc.stdout
+
+
+@dataclass
+class Snapshot:
+    """The relevant files of one commit, with what the loader needs besides them."""
+
+    commit: str
+    files: list[SourceFile]
+    created: dict[str, int]
+    commit_time: int
+    approve_prune: bool
+    subject: str = ""
+
+
+@dataclass
+class GitRepo:
+    """A local git repository (bare or not) read at commits. ``prefix`` selects a sub-folder."""
+
+    path: str
+    prefix: str = ""
+    blobs: dict[str, bytes] = field(default_factory=dict)
+    _created: dict[str, int] = field(default_factory=dict)
+    _created_at: str | None = None  # commit the _created map is valid for
+
+    def resolve(self, ref: str) -> str:
+        """Return the commit id of ``ref``. Raises SourceUnavailable when it does not exist."""
+        out = git(self.path, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False).decode().strip()
+        if not out:
+            raise SourceUnavailable(f"{ref!r} does not exist in {self.path}")
+        return out
+
+    def snapshot(self, commit: str, cache: ParseCache | None = None) -> Snapshot:
+        """Read ``commit``'s relevant files. Blobs already parsed (in ``cache``) are not read again."""
+        listing = git(self.path, "ls-tree", "-r", "-z", "--full-tree", commit, "--", *self._pathspecs())
+        entries: list[tuple[str, str, str]] = []  # (path, mode, blob)
+        for record in listing.split(b"\0"):
+            if not record:
+                continue
+            meta, _, path_b = record.partition(b"\t")
+            mode, _type, blob = meta.decode().split()
+            path = path_b.decode(errors="replace")
+            if self.prefix:
+                path = path[len(self.prefix) :]
+            if path.startswith(_RELEVANT):
+                entries.append((path, mode, blob))
+        known = set(cache.entries) if cache is not None else set()
+        wanted = [b for p, m, b in entries if m != "120000" and (p, b) not in known and b not in self.blobs]
+        self._read_blobs(wanted)
+        files = [
+            SourceFile(
+                path=p,
+                content=None if m == "120000" or m.startswith("160") else self.blobs.get(b),
+                blob=b,
+                symlink=m == "120000",
+            )
+            for p, m, b in entries
+        ]
+        meta = git(self.path, "log", "-1", f"--format=%ct%x00%(trailers:key={APPROVE_TRAILER},valueonly)%x00%s", commit)
+        ctime, trailer, subject = meta.decode(errors="replace").split("\0", 2)
+        approve = trailer.strip().lower() in {"yes", "true", "1"}
+        return Snapshot(commit, files, self.created_times(commit), int(ctime), approve, subject.strip())
+
+    def _pathspecs(self) -> list[str]:
+        return [f"{self.prefix}users", f"{self.prefix}cluster.yaml"]
+
+    def _read_blobs(self, blobs: Iterable[str]) -> None:
+        todo = sorted(set(blobs))
+        if not todo:
+            return
+        out = git(self.path, "cat-file", "--batch", input=("\n".join(todo) + "\n").encode())
+        pos = 0
+        for blob in todo:
+            header_end = out.index(b"\n", pos)
+            header = out[pos:header_end].split()
+            size = int(header[2])
+            self.blobs[blob] = out[header_end + 1 : header_end + 1 + size]
+            pos = header_end + 1 + size + 1
+        # Only the current tree's blobs are worth keeping; bound the cache.
+        if len(self.blobs) > 50_000:
+            self.blobs.clear()
+
+    def created_times(self, commit: str) -> dict[str, int]:
+        """Map each path to the UTC commit time of the newest first-parent commit that added it.
+
+        Incremental: after the first call, only commits since the previous one are walked.
+        """
+        if self._created_at == commit:
+            return self._created
+        rev_range = commit
+        base = dict(self._created)
+        if self._created_at is not None:
+            is_ancestor = subprocess.run(
+                ["git", "-C", self.path, "merge-base", "--is-ancestor", self._created_at, commit], capture_output=True
+            ).returncode == 0
+            rev_range = f"{self._created_at}..{commit}" if is_ancestor else commit
+            if not is_ancestor:
+                base = {}
+        out = git(
+            self.path, "log", "--first-parent", "--diff-filter=A", "--name-only", "-z", "--format=%x01%ct",
+            rev_range, "--", *self._pathspecs(),
+        )
+        added: dict[str, int] = {}
+        when = 0
+        for chunk in out.split(b"\0"):
+            text = chunk.decode(errors="replace").strip("\n")
+            if not text:
+                continue
+            if "\x01" in text:
+                head, _, rest = text.partition("\x01")
+                stamp, _, first = rest.partition("\n")
+                when = int(stamp)
+                text = first.strip("\n")
+                if not text:
+                    continue
+            path = text[len(self.prefix) :] if self.prefix else text
+            added.setdefault(path, when)  # log is newest first: keep the newest add
+        base.update(added)
+        self._created, self._created_at = base, commit
+        return base

@@ -1,0 +1,304 @@
+"""Load the desired state from repository files. Pure: takes file contents, returns data.
+
+Reading the files (from a git commit or a directory) is :mod:`reconciler.source`'s job.
+Every error of every file is collected (never only the first), one user's broken file
+never blocks another user's objects, and parsing is cached per blob so a re-plan after
+one changed file re-parses only that file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from reconciler.errors import Issue
+from reconciler.spec import schema
+from reconciler.spec.paths import FileSystem, PathError, resolve_path, resolve_source
+from reconciler.spec.types import (
+    ClusterSpec,
+    DesiredState,
+    ModelSpec,
+    ObjectKey,
+    Paths,
+    Prune,
+    Security,
+    Serving,
+    TaskSpec,
+    Training,
+    UserPolicy,
+)
+from reconciler.spec.yamldoc import Document, YamlError, parse
+
+USER_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+KIND_OF_FOLDER = {"models": "Model", "tasks": "Task"}
+IGNORED_NAMES = {".gitkeep", ".keep"}
+
+# A check that needs more than the spec (verl's config tree): returns (line, message) pairs.
+TaskCheck = Callable[[TaskSpec, ClusterSpec], list[tuple[int, str]]]
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One file of the repository. ``blob`` identifies the content (git blob id or a hash)."""
+
+    path: str
+    content: bytes | None
+    blob: str
+    symlink: bool = False
+
+
+@dataclass
+class ParseCache:
+    """Parsed-and-schema-checked documents by (path, blob): unchanged blobs are not re-parsed."""
+
+    entries: dict[tuple[str, str], tuple[Document | None, list[Issue]]] = field(default_factory=dict)
+    parsed: int = 0  # how many files were actually parsed (for benchmarks)
+
+
+def load(
+    files: Iterable[SourceFile],
+    *,
+    created: Mapping[str, int] | None = None,
+    default_time: int = 0,
+    fs: FileSystem | None = None,
+    cache: ParseCache | None = None,
+    task_check: TaskCheck | None = None,
+    revision: str | None = None,
+    approve_prune: bool = False,
+) -> DesiredState:
+    """Return the :class:`DesiredState` of ``files``. Never raises for bad input: every
+    problem becomes an Issue in ``state.issues`` (and the object lands in ``state.invalid``).
+
+    ``created`` maps a path to the UTC epoch of the commit that added it (``default_time``
+    for paths it lacks); ``fs`` enables the file-system checks (None = offline).
+    """
+    created = created or {}
+    cache = cache if cache is not None else ParseCache()
+    by_path = {f.path: f for f in files}
+    issues: list[Issue] = []
+
+    cluster, cluster_valid = ClusterSpec(), True
+    if "cluster.yaml" in by_path:
+        cluster_doc, cluster_issues = _parse_checked(by_path["cluster.yaml"], "Cluster", cache)
+        if cluster_doc is not None and not cluster_issues:
+            cluster = cluster_from(cluster_doc.data)
+        else:
+            cluster_valid = False
+        issues.extend(cluster_issues)
+
+    objects: dict[ObjectKey, SourceFile] = {}
+    for path in sorted(by_path):
+        if not path.startswith("users/"):
+            continue
+        key, problem = classify(path)
+        if key is None:
+            if problem:
+                issues.append(Issue(path, 0, problem))
+            continue
+        if not USER_RE.match(key.user):
+            issues.append(Issue(path, 0, f"user folder {key.user!r} must match {USER_RE.pattern}"))
+            continue
+        if not NAME_RE.match(key.name):
+            issues.append(Issue(path, 0, f"file name {key.name!r}.yaml must match {NAME_RE.pattern} (lowercase, digits, -)"))
+            continue
+        if cluster.users is not None and key.user not in cluster.users:
+            issues.append(Issue(path, 0, f"user {key.user!r} is not declared under `users:` in cluster.yaml"))
+            continue
+        objects[key] = by_path[path]
+
+    state = DesiredState(cluster=cluster, cluster_valid=cluster_valid, revision=revision, approve_prune=approve_prune)
+    task_names = {(k.user, k.name) for k in objects if k.kind == "task"}
+    for key, file in objects.items():
+        doc, file_issues = _parse_checked(file, KIND_OF_FOLDER[key.kind + "s"], cache)
+        when = created.get(file.path, default_time)
+        if doc is not None and not file_issues:
+            try:
+                if key.kind == "model":
+                    model, file_issues = _model(key, doc, cluster, fs, when, task_names)
+                    if model is not None:
+                        state.models[key] = model
+                else:
+                    task, file_issues = _task(key, doc, cluster, fs, when, task_check)
+                    if task is not None:
+                        state.tasks[key] = task
+            except Exception as exc:  # pragma: no cover - a bug must not take down other users
+                file_issues = [Issue(file.path, 0, f"internal error while loading: {exc!r}")]
+        if file_issues:
+            state.invalid[key] = file_issues
+            issues.extend(file_issues)
+    state.issues = sorted(set(issues))
+    return state
+
+
+def classify(path: str) -> tuple[ObjectKey | None, str | None]:
+    """Map a path under ``users/`` to its object key; or (None, problem) / (None, None) to ignore."""
+    parts = path.split("/")
+    if len(parts) == 2:
+        return None, "files directly under users/ are not allowed; use users/<user>/models/ or users/<user>/tasks/"
+    if len(parts) == 3:
+        if parts[2] in IGNORED_NAMES:
+            return None, None
+        return None, f"files directly under users/{parts[1]}/ are not allowed; put models in models/ and tasks in tasks/"
+    folder = parts[2]
+    if folder not in KIND_OF_FOLDER:
+        return None, f"unknown folder {folder!r} under users/{parts[1]}/; only models/ and tasks/ are allowed"
+    if len(parts) > 4:
+        return None, f"sub-folders are not allowed in {folder}/; put <name>.yaml directly in users/{parts[1]}/{folder}/"
+    filename = parts[3]
+    if filename in IGNORED_NAMES:
+        return None, None
+    if filename.endswith(".yml"):
+        return None, "use the .yaml extension (.yml files are not loaded)"
+    if not filename.endswith(".yaml"):
+        return None, f"only <name>.yaml files are allowed in {folder}/"
+    kind = "model" if folder == "models" else "task"
+    return ObjectKey(parts[1], kind, filename[: -len(".yaml")]), None
+
+
+def _parse_checked(file: SourceFile, kind: str, cache: ParseCache) -> tuple[Document | None, list[Issue]]:
+    """Parse and schema-check one file, through the cache."""
+    hit = cache.entries.get((file.path, file.blob))
+    if hit is not None:
+        return hit
+    cache.parsed += 1
+    result: tuple[Document | None, list[Issue]]
+    if file.symlink:
+        result = (None, [Issue(file.path, 0, "symlinks are not allowed in the config repository")])
+    elif file.content is None:
+        result = (None, [Issue(file.path, 0, "not a regular file")])
+    else:
+        try:
+            doc = parse(file.path, file.content)
+        except YamlError as exc:
+            result = (None, [exc.issue])
+        else:
+            found = doc.data.get("kind")
+            if "kind" in doc.data and found != kind:
+                folder = {"Model": "models/", "Task": "tasks/", "Cluster": "the repository root (cluster.yaml)"}[kind]
+                result = (doc, [Issue(file.path, doc.line(("kind",)), f"kind: must be {kind!r} for a file in {folder}, got {found!r}")])
+            else:
+                result = (doc, schema.validate(doc, kind))
+    cache.entries[(file.path, file.blob)] = result
+    return result
+
+
+def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
+    """Build a ClusterSpec from schema-valid data, applying the documented defaults."""
+    users = None
+    if "users" in data:
+        users = {u: UserPolicy(gpus=(p or {}).get("gpus")) for u, p in (data["users"] or {}).items()}
+    paths = Paths(**data.get("paths", {}))
+    serving_data = dict(data.get("serving", {}))
+    serving = Serving(**serving_data)
+    training_data = dict(data.get("training", {}))
+    if "driver_resources" in training_data:
+        training_data["driver_resources"] = {k: float(v) for k, v in training_data["driver_resources"].items()}
+    training = Training(**training_data)
+    env = dict(data["env"]) if "env" in data else {"HF_HUB_OFFLINE": "1"}
+    prune = Prune(**data.get("prune", {}))
+    sec = dict(data.get("security", {}))
+    if "admins" in sec:
+        sec["admins"] = tuple(sec["admins"])
+    security = Security(**sec)
+    return ClusterSpec(users=users, paths=paths, serving=serving, training=training, env=env, prune=prune, security=security)
+
+
+def _model(
+    key: ObjectKey, doc: Document, cluster: ClusterSpec, fs: FileSystem | None, when: int, task_names: set[tuple[str, str]]
+) -> tuple[ModelSpec | None, list[Issue]]:
+    data = doc.data
+    source: str = data["source"]
+    line = doc.line(("source",))
+    source_path: str | None = None
+    source_task: str | None = None
+    if source.startswith("task:"):
+        source_task = source[len("task:") :]
+        if not NAME_RE.match(source_task):
+            return None, [Issue(doc.path, line, f"source: {source!r}: task name must match {NAME_RE.pattern}")]
+        if (key.user, source_task) not in task_names:
+            return None, [Issue(doc.path, line, f"source: no task users/{key.user}/tasks/{source_task}.yaml")]
+    else:
+        try:
+            source_path = resolve_source(source, key.user, cluster.paths, fs)
+        except PathError as exc:
+            return None, [Issue(doc.path, line, f"source: {exc}")]
+    return (
+        ModelSpec(
+            key=key,
+            source=source,
+            source_path=source_path,
+            source_task=source_task,
+            replicas=data.get("replicas", 1),
+            gpus_per_replica=data.get("gpus_per_replica", 1),
+            engine_kwargs=dict(data.get("engine_kwargs", {})),
+            env=dict(data.get("env", {})),
+            suspend=bool(data.get("suspend", False)),
+            created_at=when,
+            line=line,
+        ),
+        [],
+    )
+
+
+TASK_DEFAULTS: dict[str, Any] = {"nodes": 1, "gpus_per_node": 1, "env": {}, "run": 1}
+TRAINER_DEFAULTS: dict[str, Any] = {"epochs": 1, "overrides": []}
+
+
+def _task(
+    key: ObjectKey, doc: Document, cluster: ClusterSpec, fs: FileSystem | None, when: int, task_check: TaskCheck | None
+) -> tuple[TaskSpec | None, list[Issue]]:
+    data = doc.data
+    issues: list[Issue] = []
+    workload = data["workload"]
+    raw = {**TASK_DEFAULTS, **({} if workload == "command" else TRAINER_DEFAULTS), **data}
+
+    def checked(field_path: tuple[str, ...], value: str | None, *, hf: bool = False) -> str | None:
+        if value is None:
+            return None
+        try:
+            if hf:
+                return resolve_source(value, key.user, cluster.paths, fs)
+            return resolve_path(value, key.user, cluster.paths, fs)
+        except PathError as exc:
+            issues.append(Issue(doc.path, doc.line(field_path), f"{'.'.join(field_path)}: {exc}"))
+            return None
+
+    model_path = checked(("model",), data.get("model"), hf=True)
+    data_files = data.get("data", {})
+    train = checked(("data", "train"), data_files.get("train"))
+    val = checked(("data", "val"), data_files.get("val"))
+    working_dir = checked(("working_dir",), data.get("working_dir"))
+    if workload == "command" and data.get("nodes", 1) != 1:
+        issues.append(Issue(doc.path, doc.line(("nodes",)), "nodes: workload: command runs on a single node (nodes: 1)"))
+    if issues:
+        return None, issues
+    overrides = tuple(data.get("overrides", []))
+    task = TaskSpec(
+        key=key,
+        workload=workload,
+        model=data.get("model"),
+        model_path=model_path,
+        data_train=train,
+        data_val=val,
+        nodes=raw["nodes"],
+        gpus_per_node=raw["gpus_per_node"],
+        epochs=raw.get("epochs", 1),
+        steps=data.get("steps"),
+        overrides=overrides,
+        override_lines=tuple(doc.line(("overrides", i)) for i in range(len(overrides))),
+        command=data.get("command"),
+        working_dir=working_dir,
+        env=dict(data.get("env", {})),
+        run=raw["run"],
+        suspend=bool(data.get("suspend", False)),
+        created_at=when,
+        raw={k: v for k, v in raw.items() if k != "suspend"},
+    )
+    if task_check is not None and workload != "command":
+        found = task_check(task, cluster)
+        if found:
+            return None, [Issue(doc.path, line, message) for line, message in found]
+    return task, []

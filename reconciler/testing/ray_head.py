@@ -1,0 +1,186 @@
+"""Start a private Ray head node in its own process group, on free ports. I/O.
+
+Other Ray clusters may share the machine, so nothing here uses ``ray stop`` or the
+default ports: the head runs as ``ray start --head --block`` in a new session and is
+stopped by killing exactly that process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Ports a head node listens on, besides the worker range (names of `ray start` options).
+_PORT_OPTIONS = (
+    "port",
+    "dashboard-port",
+    "ray-client-server-port",
+    "node-manager-port",
+    "object-manager-port",
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "metrics-export-port",
+    "runtime-env-agent-port",
+)
+
+
+def free_port() -> int:
+    """Return a TCP port that was free a moment ago (the kernel's choice)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port_range(size: int, low: int = 20000, high: int = 60000, tries: int = 50) -> tuple[int, int]:
+    """Return ``(first, last)`` of ``size`` consecutive ports that are all free now.
+
+    Raises RuntimeError when no such range is found in ``tries`` random attempts.
+    """
+    for _ in range(tries):
+        first = random.randrange(low, high - size)
+        if all(_port_free(p) for p in range(first, first + size)):
+            return first, first + size - 1
+    raise RuntimeError(f"no {size} consecutive free ports found")
+
+
+@dataclass
+class RayHead:
+    """A running head node: its addresses and the process to kill."""
+
+    process: subprocess.Popen[bytes]
+    temp_dir: str
+    ports: Mapping[str, int]
+    serve_port: int
+    log_path: str
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['dashboard-port']}"
+
+    @property
+    def gcs_address(self) -> str:
+        return f"127.0.0.1:{self.ports['port']}"
+
+    @property
+    def serve_url(self) -> str:
+        """Base URL of the Serve HTTP proxy, once Serve is started with ``serve_port``."""
+        return f"http://127.0.0.1:{self.serve_port}"
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """Kill the head's process group (SIGTERM, then SIGKILL after ``grace_s``)."""
+        if self.process.poll() is None:
+            _signal_group(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        # Workers may outlive `ray start`; they share its process group.
+        _signal_group(self.process.pid, signal.SIGKILL)
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def start_head(
+    *,
+    num_cpus: int = 8,
+    num_gpus: int = 0,
+    resources: Mapping[str, float] | None = None,
+    env: Mapping[str, str] | None = None,
+    temp_dir: str | None = None,
+    timeout_s: float = 120.0,
+) -> RayHead:
+    """Start ``ray start --head --block`` in a new session and wait for its dashboard.
+
+    ``env`` is added to the head's environment (workers and Serve replicas inherit it).
+    Returns the :class:`RayHead`; raises RuntimeError (after killing it) when the
+    dashboard does not answer within ``timeout_s`` or the process exits early.
+    """
+    # A short temp dir: Ray's Unix socket paths must stay under ~107 bytes.
+    temp_dir = temp_dir or tempfile.mkdtemp(prefix="argr", dir="/tmp")
+    ports = {name: free_port() for name in _PORT_OPTIONS}
+    first, last = free_port_range(200)
+    serve_port = free_port()
+    ray_bin = Path(sys.executable).with_name("ray")
+    cmd = [
+        str(ray_bin) if ray_bin.exists() else "ray",
+        "start",
+        "--head",
+        "--block",
+        "--disable-usage-stats",
+        "--include-dashboard=true",
+        "--dashboard-host=127.0.0.1",
+        "--node-ip-address=127.0.0.1",
+        f"--temp-dir={temp_dir}",
+        f"--num-cpus={num_cpus}",
+        f"--num-gpus={num_gpus}",
+        f"--min-worker-port={first}",
+        f"--max-worker-port={last}",
+        *(f"--{name}={port}" for name, port in ports.items()),
+    ]
+    if resources:
+        cmd.append(f"--resources={json.dumps(dict(resources))}")
+    full_env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
+    log_path = os.path.join(temp_dir, "ray-start.log")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    head = RayHead(proc, temp_dir, ports, serve_port, log_path, dict(env or {}))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            head.stop()
+            raise RuntimeError(f"ray start exited with {proc.returncode}:\n{_tail(log_path)}")
+        if _dashboard_ready(head.dashboard_url):
+            return head
+        time.sleep(1.0)
+    head.stop()
+    raise RuntimeError(f"Ray dashboard did not answer within {timeout_s:.0f} s:\n{_tail(log_path)}")
+
+
+def _dashboard_ready(url: str) -> bool:
+    """True when both the dashboard and its Serve REST module answer."""
+    try:
+        for path in ("/api/version", "/api/serve/applications/"):
+            with urllib.request.urlopen(url + path, timeout=5) as resp:
+                if resp.status != 200:
+                    return False
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+    return True
+
+
+def _tail(path: str, n: int = 4000) -> str:
+    try:
+        return Path(path).read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
