@@ -11,17 +11,23 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from reconciler import __version__
+from reconciler.dashboard import Dashboard
 from reconciler.errors import ArgusError, Issue
 from reconciler.plan import render
 from reconciler.plan.actual import ActualState
 from reconciler.plan.planner import plan as make_plan
 from reconciler.source.directory import created_times, read_directory
 from reconciler.source.localfs import LocalFS
+from reconciler.source.remote import open_source
 from reconciler.spec.loader import TaskCheck, load
 from reconciler.spec.paths import FileSystem
 from reconciler.spec.types import DesiredState
+
+if TYPE_CHECKING:
+    from reconciler.daemon import TickResult
 
 EPILOG = """\
 exit codes:
@@ -105,6 +111,141 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 2 if result.has_changes else 0
 
 
+def _states_table(result: TickResult) -> str:
+    rows = [("STATE", "SYNC", "OBJECT", "DETAIL")]
+    for st in result.statuses.values():
+        if st.key.kind == "model":
+            detail = f"{st.served_name} ({st.replicas_ready or 0}/{st.replicas_desired or 0} ready)"
+        else:
+            detail = st.submission_id or "-"
+        rows.append((st.state, st.sync, str(st.key), detail))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows]
+    for st in result.statuses.values():
+        if st.reason and st.state in ("QUEUED", "FAILED", "INVALID"):
+            lines.append(f"  {st.key}: {st.reason}")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    from reconciler.daemon import Reconciler
+
+    if not args.once:
+        raise ArgusError("reconcile runs one tick and needs --once; use `argus run` for the daemon")
+    source = open_source(args.repo, args.cache_dir)
+    reconciler = Reconciler(source, args.branch, Dashboard(args.ray))
+    result = reconciler.tick()
+    if args.format == "json":
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        sys.stdout.write(render.text(result.plan, []))
+        for note in result.notes:
+            if note not in result.plan.notes:
+                print(f"! {note}")
+        sys.stdout.write(_states_table(result))
+        for key, why in result.failures.items():
+            print(f"apply failed: {key}: {why}", file=sys.stderr)
+        for issue in result.desired.issues:
+            print(issue, file=sys.stderr)
+    return 1 if result.failures or result.desired.issues else 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+
+    from reconciler.daemon import Daemon, Reconciler
+    from reconciler.server import start_server
+    from reconciler.status.writer import StatusWriter
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    source = open_source(args.repo, args.cache_dir)
+    reconciler = Reconciler(source, args.branch, Dashboard(args.ray))
+    writer = StatusWriter(source, args.status_branch, endpoint=args.endpoint)
+    daemon = Daemon(reconciler, writer, observe_interval=args.observe_interval, fetch_interval=args.fetch_interval)
+    server = start_server(
+        args.listen,
+        metrics=daemon.metrics,
+        on_push=daemon.on_push,
+        secret=os.environ.get("ARGUS_WEBHOOK_SECRET"),
+        health=daemon.health,
+    )
+
+    def stop(signum: int, frame: object) -> None:
+        daemon.stop.set()
+        daemon.wake.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    daemon.watch_local()
+    print(
+        json.dumps({"event": "started", "repo": args.repo, "branch": args.branch, "listen": args.listen}),
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        daemon.run()
+    finally:
+        server.shutdown()
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from reconciler.status.branch import read_documents
+
+    source = open_source(args.repo, args.cache_dir)
+    if source.local:  # a user's clone: bring the daemon's branch in when there is an origin
+        subprocess.run(
+            [
+                "git",
+                "-C",
+                source.repo.path,
+                "fetch",
+                "-q",
+                "origin",
+                f"+refs/heads/{args.status_branch}:refs/remotes/origin/{args.status_branch}",
+            ],
+            capture_output=True,
+        )
+    docs = read_documents(source.repo.path, args.status_branch, remote_too=True)
+    if args.target:
+        parts = args.target.strip("/").split("/")
+        prefix = "users/" + "/".join(
+            [parts[0]]
+            + ([parts[1] if parts[1].endswith("s") else parts[1] + "s"] if len(parts) > 1 else [])
+            + parts[2:]
+        )
+        docs = {p: d for p, d in docs.items() if p == prefix + ".yaml" or p.startswith(prefix + "/")}
+    if args.format == "json":
+        print(json.dumps(docs, indent=2, default=str))
+        return 0
+    rows = [("OBJECT", "STATE", "SYNC", "ENDPOINT/JOB", "UPDATED")]
+    for path in sorted(docs):
+        d = docs[path]
+        where = d.get("served_name") if "/models/" in path else d.get("submission_id")
+        rows.append(
+            (
+                str(d.get("object")),
+                str(d.get("state")),
+                str(d.get("sync")),
+                str(where or "-"),
+                str(d.get("last_transition")),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        print("  ".join(r[i].ljust(widths[i]) for i in range(5)).rstrip())
+    for path in sorted(docs):
+        d = docs[path]
+        if d.get("reason") and d.get("state") not in ("RUNNING", "SUCCEEDED"):
+            print(f"  {d.get('object')}: {d.get('reason')}")
+    if not docs:
+        print(f"(no status yet on branch {args.status_branch})", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="argus",
@@ -115,28 +256,134 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"argus {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    v = sub.add_parser("validate", help="check a config repository; print every error as path:line: message",
-                       description="Check cluster.yaml and users/<user>/{models,tasks}/*.yaml against the schemas and "
-                       "the path policy. Exit 0 when valid, 1 when not.")
+    v = sub.add_parser(
+        "validate",
+        help="check a config repository; print every error as path:line: message",
+        description="Check cluster.yaml and users/<user>/{models,tasks}/*.yaml against the schemas and "
+        "the path policy. Exit 0 when valid, 1 when not.",
+    )
     v.add_argument("dir", nargs="?", default=".", metavar="DIR", help="config repository folder (default: .)")
-    v.add_argument("--offline", action="store_true", help="skip checks that need the cluster's file system "
-                   "(path existence, symlinks, Hugging Face cache)")
-    v.add_argument("--format", choices=["text", "json"], default="text",
-                   help='text: one "path:line: message" per error; json: {"errors": [...], "objects": N}')
+    v.add_argument(
+        "--offline",
+        action="store_true",
+        help="skip checks that need the cluster's file system (path existence, symlinks, Hugging Face cache)",
+    )
+    v.add_argument(
+        "--format",
+        choices=["text", "json"],
+        default="text",
+        help='text: one "path:line: message" per error; json: {"errors": [...], "objects": N}',
+    )
     v.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("plan", help="show what applying DIR would do (exit 0 none, 2 changes, 1 errors)",
-                       description="Plan the actions that would make the cluster match DIR, against an actual state "
-                       "(JSON, as `argus status --format actual` or the daemon's status branch publish it).")
+    p = sub.add_parser(
+        "plan",
+        help="show what applying DIR would do (exit 0 none, 2 changes, 1 errors)",
+        description="Plan the actions that would make the cluster match DIR, against an actual state "
+        "(JSON, as `argus status --format actual` or the daemon's status branch publish it).",
+    )
     p.add_argument("dir", nargs="?", default=".", metavar="DIR", help="config repository folder (default: .)")
     p.add_argument("--actual", metavar="FILE.json", help="actual state (default: an empty cluster)")
-    p.add_argument("--format", choices=["text", "json", "markdown"], default="text",
-                   help="markdown is ready to paste into a pull-request comment")
+    p.add_argument(
+        "--format",
+        choices=["text", "json", "markdown"],
+        default="text",
+        help="markdown is ready to paste into a pull-request comment",
+    )
     p.add_argument("--offline", action="store_true", help="skip checks that need the cluster's file system")
-    p.add_argument("--approve-prune", action="store_true",
-                   help="plan as if the head commit carried the `Argus-Approve-Prune: yes` trailer")
+    p.add_argument(
+        "--approve-prune",
+        action="store_true",
+        help="plan as if the head commit carried the `Argus-Approve-Prune: yes` trailer",
+    )
     p.set_defaults(func=cmd_plan)
+
+    r = sub.add_parser(
+        "reconcile",
+        help="one reconcile tick: read git, observe Ray, plan, apply, print states",
+        description="Read the desired state at the branch head, observe Ray Serve and Ray Jobs, plan, "
+        "apply the difference and print the plan and the resulting states. Exit 0 when everything "
+        "applied, 1 on any error (validation errors included; invalid objects are kept as they run).",
+    )
+    r.add_argument("--once", action="store_true", help="run one tick and exit (the daemon is `argus run`)")
+    _source_args(r)
+    r.add_argument("--format", choices=["text", "json"], default="text")
+    r.set_defaults(func=cmd_reconcile)
+
+    d = sub.add_parser(
+        "run",
+        help="the daemon: reconcile on every push, write status to git",
+        description="Watch the config repository (watchfiles for a local repository, fetch on an "
+        "interval and on POST /hooks/git for a remote), reconcile, and write the status branch and "
+        "git notes. Every flag can also come from an ARGUS_* environment variable; the webhook "
+        "secret only from ARGUS_WEBHOOK_SECRET.",
+    )
+    _source_args(d)
+    d.add_argument(
+        "--status-branch",
+        default=_env("STATUS_BRANCH", "argus/status"),
+        help="branch the daemon writes status to (default: argus/status) [ARGUS_STATUS_BRANCH]",
+    )
+    d.add_argument(
+        "--listen",
+        default=_env("LISTEN", "0.0.0.0:8080"),
+        help="address for /hooks/git, /metrics and /healthz (default: 0.0.0.0:8080) [ARGUS_LISTEN]",
+    )
+    d.add_argument(
+        "--endpoint",
+        default=_env("ENDPOINT", "http://127.0.0.1:8000/v1"),
+        help="OpenAI base URL shown in status [ARGUS_ENDPOINT]",
+    )
+    d.add_argument(
+        "--observe-interval",
+        type=float,
+        default=float(_env("OBSERVE_INTERVAL", "5") or 5),
+        help="seconds between observations of Ray (default: 5) [ARGUS_OBSERVE_INTERVAL]",
+    )
+    d.add_argument(
+        "--fetch-interval",
+        type=float,
+        default=float(_env("FETCH_INTERVAL", "15") or 15),
+        help="seconds between fetches of a remote repository (default: 15) [ARGUS_FETCH_INTERVAL]",
+    )
+    d.set_defaults(func=cmd_run)
+
+    st = sub.add_parser(
+        "status",
+        help="print the status branch as a table",
+        description="Read the status branch the daemon writes and print it.",
+    )
+    st.add_argument("target", nargs="?", help="user, or user/models/name, user/tasks/name")
+    st.add_argument("--repo", default=_env("REPO", "."), help="config repository (default: .) [ARGUS_REPO]")
+    st.add_argument("--status-branch", default=_env("STATUS_BRANCH", "argus/status"))
+    st.add_argument("--cache-dir", default=_env("CACHE_DIR", os.path.expanduser("~/.cache/argus")))
+    st.add_argument("--format", choices=["text", "json"], default="text")
+    st.set_defaults(func=cmd_status)
     return parser
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"ARGUS_{name}", default)
+
+
+def _source_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--repo",
+        default=_env("REPO"),
+        required=_env("REPO") is None,
+        help="config repository: a local path (bare or not) or a git URL [ARGUS_REPO]",
+    )
+    p.add_argument("--branch", default=_env("BRANCH", "main"), help="branch to deploy (default: main) [ARGUS_BRANCH]")
+    p.add_argument(
+        "--ray",
+        default=_env("RAY", "http://127.0.0.1:8265"),
+        help="Ray dashboard address (default: http://127.0.0.1:8265) [ARGUS_RAY]",
+    )
+    p.add_argument(
+        "--cache-dir",
+        default=_env("CACHE_DIR", os.path.expanduser("~/.cache/argus")),
+        help="where remote repositories are mirrored [ARGUS_CACHE_DIR]",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

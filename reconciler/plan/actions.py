@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from reconciler.spec.types import ObjectKey
 
 
-class ActionType(str, Enum):
+class ActionType(StrEnum):
     DEPLOY_MODEL = "deploy_model"
     UPDATE_MODEL = "update_model"  # needs a restart: source, engine, GPUs or env changed
     SCALE_MODEL = "scale_model"  # replicas only: in place

@@ -20,12 +20,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from reconciler.plan.actions import Action, ActionType, Plan
-from reconciler.plan.actual import ActualJob, ActualState, Capacity, Resources, add, scale, sub
+from reconciler.plan.actual import ActualJob, ActualModel, ActualState, Capacity, Resources, add, scale, sub
 from reconciler.plan.demand import model_resources_per_replica, task_resources
 from reconciler.spec.hashing import model_spec_hash, submission_id, task_spec_hash
-from reconciler.spec.types import DesiredState, ModelSpec, ObjectKey
+from reconciler.spec.types import DesiredState, ObjectKey
 
-APPROVE_HINT = "push a commit whose message has the trailer `Argus-Approve-Prune: yes` (or run `argus plan --approve-prune`)"
+APPROVE_HINT = (
+    "push a commit whose message has the trailer `Argus-Approve-Prune: yes` (or run `argus plan --approve-prune`)"
+)
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ def _plan_models(
 ) -> None:
     cluster = desired.cluster
     invalid = {k for k in desired.invalid if k.kind == "model"}
+    jobs_by_key = _jobs_by_key(actual)
     for key in sorted(set(desired.models) | set(actual.models) | invalid):
         live = actual.models.get(key)
         if key in invalid:
@@ -87,42 +90,45 @@ def _plan_models(
             continue
         checkpoint, source_path = None, spec.source_path
         if spec.source_task:
-            job = latest_success(actual.jobs, ObjectKey(key.user, "task", spec.source_task))
+            task_key = ObjectKey(key.user, "task", spec.source_task)
+            job = latest_success(jobs_by_key.get(task_key, []), task_key)
             if job is None or not job.hf_checkpoint:
                 if live:
-                    out.append(Action(ActionType.KEEP, key, f"kept as it runs: no checkpoint of task {spec.source_task} yet"))
+                    out.append(
+                        Action(ActionType.KEEP, key, f"kept as it runs: no checkpoint of task {spec.source_task} yet")
+                    )
                 else:
                     out.append(Action(ActionType.QUEUE, key, f"waiting for task {spec.source_task}"))
                 continue
             checkpoint = source_path = job.hf_checkpoint
         digest = model_spec_hash(spec, cluster, checkpoint)
         per_replica = model_resources_per_replica(spec, cluster)
-        common = {"spec_hash": digest, "replicas": spec.replicas, "source_path": source_path}
+        kind, demand = ActionType.SCALE_MODEL, {}
         if live is None:
-            demand = scale(per_replica, spec.replicas)
+            kind, demand = ActionType.DEPLOY_MODEL, scale(per_replica, spec.replicas)
             reason = f"new model {spec.served_name} ({spec.replicas} replica{'s' if spec.replicas > 1 else ''})"
-            cands.append(_Candidate(spec.created_at, Action(ActionType.DEPLOY_MODEL, key, reason, demand=demand, **common)))
         elif live.spec_hash != digest:
-            demand = _positive(sub(scale(per_replica, spec.replicas), live.committed()))
+            kind, demand = ActionType.UPDATE_MODEL, _positive(sub(scale(per_replica, spec.replicas), live.committed()))
             reason = "spec changed (source, engine_kwargs, GPUs or env): restart with the new config"
-            cands.append(_Candidate(spec.created_at, Action(ActionType.UPDATE_MODEL, key, reason, demand=demand, **common)))
         elif live.replicas != spec.replicas:
+            demand = scale(per_replica, max(0, spec.replicas - live.replicas))
             reason = f"replicas {live.replicas} -> {spec.replicas} (in place)"
-            action = Action(ActionType.SCALE_MODEL, key, reason, **common)
-            if spec.replicas > live.replicas:
-                action = replace(action, demand=scale(per_replica, spec.replicas - live.replicas))
-                cands.append(_Candidate(spec.created_at, action))
-            else:
-                out.append(action)
+        else:
+            continue  # in sync
+        action = Action(kind, key, reason, digest, spec.replicas, source_path, demand=demand)
+        if demand:
+            cands.append(_Candidate(spec.created_at, action))
+        else:
+            out.append(action)  # scale-down: frees capacity, needs no admission
 
 
 def _plan_tasks(
     desired: DesiredState, actual: ActualState, out: list[Action], cands: list[_Candidate], deletions: list[Action]
 ) -> None:
     invalid = {k for k in desired.invalid if k.kind == "task"}
-    job_keys = {j.key for j in actual.jobs}
-    for key in sorted(set(desired.tasks) | invalid | job_keys):
-        jobs = actual.jobs_of(key)
+    jobs_by_key = _jobs_by_key(actual)  # one pass: actual.jobs_of() per task is quadratic
+    for key in sorted(set(desired.tasks) | invalid | set(jobs_by_key)):
+        jobs = jobs_by_key.get(key, [])
         if key in invalid:
             running = any(j.active for j in jobs)
             why = "kept as it runs" if running else "not submitted"
@@ -133,7 +139,12 @@ def _plan_tasks(
             for job in jobs:
                 if job.active:
                     deletions.append(
-                        Action(ActionType.STOP_TASK, key, "file removed from the repository", submission_id=job.submission_id)
+                        Action(
+                            ActionType.STOP_TASK,
+                            key,
+                            "file removed from the repository",
+                            submission_id=job.submission_id,
+                        )
                     )
             continue
         if spec.suspend:
@@ -143,8 +154,12 @@ def _plan_tasks(
         for job in jobs:
             if job.active and job.spec_hash != digest and job.submission_id != sid:
                 out.append(
-                    Action(ActionType.STOP_TASK, key, f"spec changed: stopping the old run {job.submission_id}",
-                           submission_id=job.submission_id)
+                    Action(
+                        ActionType.STOP_TASK,
+                        key,
+                        f"spec changed: stopping the old run {job.submission_id}",
+                        submission_id=job.submission_id,
+                    )
                 )
         if any(j.submission_id == sid or j.spec_hash == digest for j in jobs):
             continue  # this spec already ran or runs: never resubmitted
@@ -152,6 +167,13 @@ def _plan_tasks(
         reason = f"new run {sid} ({spec.workload}, {spec.gpus} GPU{'s' if spec.gpus != 1 else ''})"
         action = Action(ActionType.SUBMIT_TASK, key, reason, spec_hash=digest, submission_id=sid, demand=demand)
         cands.append(_Candidate(spec.created_at, action))
+
+
+def _jobs_by_key(actual: ActualState) -> dict[ObjectKey, list[ActualJob]]:
+    out: dict[ObjectKey, list[ActualJob]] = {}
+    for job in actual.jobs:
+        out.setdefault(job.key, []).append(job)
+    return out
 
 
 def latest_success(jobs: list[ActualJob], key: ObjectKey) -> ActualJob | None:
@@ -162,6 +184,10 @@ def latest_success(jobs: list[ActualJob], key: ObjectKey) -> ActualJob | None:
 
 def _owned_keys(actual: ActualState) -> set[ObjectKey]:
     return set(actual.models) | {j.key for j in actual.jobs if j.active}
+
+
+def _things(actual: ActualState) -> list[ActualModel | ActualJob]:
+    return [*actual.models.values(), *actual.jobs]
 
 
 def _positive(res: Resources) -> dict[str, float]:
@@ -177,7 +203,7 @@ def free_capacity(actual: ActualState, capacity: Capacity) -> dict[str, float]:
     granted but have not placed yet, capped by total minus everything owned objects hold."""
     unplaced: dict[str, float] = {}
     committed: dict[str, float] = {}
-    for thing in [*actual.models.values(), *actual.jobs]:
+    for thing in _things(actual):
         unplaced = add(unplaced, _positive(sub(thing.committed(), thing.placed())))
         committed = add(committed, thing.committed())
     free = sub(capacity.available, unplaced)
@@ -194,7 +220,7 @@ def _admit(
         result.notes.append("capacity unknown (no capacity in the actual state): admission not checked")
     free = free_capacity(actual, capacity)
     used: dict[str, float] = {}
-    for thing in [*actual.models.values(), *actual.jobs]:
+    for thing in _things(actual):
         used[thing.key.user] = used.get(thing.key.user, 0.0) + thing.committed().get("GPU", 0.0)
     blocked: dict[str, ObjectKey] = {}  # resource -> first object queued for lack of it
     for cand in sorted(cands, key=lambda c: (c.created_at, c.action.key)):
@@ -249,8 +275,11 @@ def _guard(desired: DesiredState, actual: ActualState, deletions: list[Action], 
     why = (
         "the desired tree has no objects under users/"
         if empty
-        else f"it would delete {doomed} of {owned} owned objects (more than {prune.max_fraction:.0%} and more than {prune.min_deletions})"
+        else f"it would delete {doomed} of {owned} owned objects "
+        f"(more than {prune.max_fraction:.0%} and more than {prune.min_deletions})"
     )
     result.deletions_held = True
     result.notes.append(f"mass-deletion guard: no deletion applied because {why}; to approve, {APPROVE_HINT}")
-    return [replace(a, type=ActionType.KEEP, reason=f"deletion held by the mass-deletion guard ({why})") for a in deletions]
+    return [
+        replace(a, type=ActionType.KEEP, reason=f"deletion held by the mass-deletion guard ({why})") for a in deletions
+    ]

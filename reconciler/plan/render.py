@@ -22,7 +22,9 @@ SYMBOL = {
 def summary(plan: Plan) -> str:
     counts = Counter(a.type.value for a in plan.actions)
     if not plan.has_changes:
-        return "No changes: the cluster matches the repository." + (f" ({counts['keep']} kept)" if counts["keep"] else "")
+        return "No changes: the cluster matches the repository." + (
+            f" ({counts['keep']} kept)" if counts["keep"] else ""
+        )
     return "Plan: " + ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
 
 
@@ -50,7 +52,11 @@ def markdown(plan: Plan, issues: list[Issue]) -> str:
         out.append(f"> **Note:** {note}")
         out.append("")
     if issues:
-        out += [f"**{len(issues)} validation error{'s' if len(issues) != 1 else ''}** (these objects are kept as they run):", ""]
+        out += [
+            f"**{len(issues)} validation error{'s' if len(issues) != 1 else ''}** "
+            "(these objects are kept as they run):",
+            "",
+        ]
         out += [f"- `{i.path}:{i.line}` {i.message}" for i in issues]
         out.append("")
     return "\n".join(out)

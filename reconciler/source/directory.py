@@ -53,9 +53,13 @@ def created_times(root: str) -> tuple[dict[str, int], int]:
     proc = subprocess.run(["git", "-C", root, "rev-parse", "--show-prefix"], capture_output=True, text=True)
     if proc.returncode != 0:
         return {}, now
-    head = subprocess.run(["git", "-C", root, "rev-parse", "--verify", "--quiet", "HEAD"], capture_output=True, text=True)
+    head = subprocess.run(
+        ["git", "-C", root, "rev-parse", "--verify", "--quiet", "HEAD"], capture_output=True, text=True
+    )
     if head.returncode != 0:
         return {}, now
-    top = subprocess.run(["git", "-C", root, "rev-parse", "--show-toplevel"], capture_output=True, text=True).stdout.strip()
+    top = subprocess.run(
+        ["git", "-C", root, "rev-parse", "--show-toplevel"], capture_output=True, text=True
+    ).stdout.strip()
     repo = GitRepo(top, prefix=proc.stdout.strip())
     return repo.created_times(head.stdout.strip()), now

@@ -21,7 +21,9 @@ def git(repo: str, *args: str, input: bytes | None = None, check: bool = True) -
     """Run ``git -C repo args``; return stdout. Raises SourceUnavailable on failure."""
     proc = subprocess.run(["git", "-C", repo, *args], input=input, capture_output=True, check=False)
     if check and proc.returncode != 0:
-        raise SourceUnavailable(f"git {' '.join(args[:3])} failed in {repo}: {proc.stderr.decode(errors='replace').strip()}")
+        raise SourceUnavailable(
+            f"git {' '.join(args[:3])} failed in {repo}: {proc.stderr.decode(errors='replace').strip()}"
+        )
     return proc.stdout
 
 
@@ -114,15 +116,27 @@ class GitRepo:
         rev_range = commit
         base = dict(self._created)
         if self._created_at is not None:
-            is_ancestor = subprocess.run(
-                ["git", "-C", self.path, "merge-base", "--is-ancestor", self._created_at, commit], capture_output=True
-            ).returncode == 0
+            is_ancestor = (
+                subprocess.run(
+                    ["git", "-C", self.path, "merge-base", "--is-ancestor", self._created_at, commit],
+                    capture_output=True,
+                ).returncode
+                == 0
+            )
             rev_range = f"{self._created_at}..{commit}" if is_ancestor else commit
             if not is_ancestor:
                 base = {}
         out = git(
-            self.path, "log", "--first-parent", "--diff-filter=A", "--name-only", "-z", "--format=%x01%ct",
-            rev_range, "--", *self._pathspecs(),
+            self.path,
+            "log",
+            "--first-parent",
+            "--diff-filter=A",
+            "--name-only",
+            "-z",
+            "--format=%x01%ct",
+            rev_range,
+            "--",
+            *self._pathspecs(),
         )
         added: dict[str, int] = {}
         when = 0
@@ -131,7 +145,7 @@ class GitRepo:
             if not text:
                 continue
             if "\x01" in text:
-                head, _, rest = text.partition("\x01")
+                _, _, rest = text.partition("\x01")
                 stamp, _, first = rest.partition("\n")
                 when = int(stamp)
                 text = first.strip("\n")

@@ -19,6 +19,7 @@ from reconciler.spec.paths import FileSystem, PathError, resolve_path, resolve_s
 from reconciler.spec.types import (
     ClusterSpec,
     DesiredState,
+    Kind,
     ModelSpec,
     ObjectKey,
     Paths,
@@ -90,6 +91,7 @@ def load(
         issues.extend(cluster_issues)
 
     objects: dict[ObjectKey, SourceFile] = {}
+    undeclared: dict[ObjectKey, list[Issue]] = {}
     for path in sorted(by_path):
         if not path.startswith("users/"):
             continue
@@ -102,14 +104,19 @@ def load(
             issues.append(Issue(path, 0, f"user folder {key.user!r} must match {USER_RE.pattern}"))
             continue
         if not NAME_RE.match(key.name):
-            issues.append(Issue(path, 0, f"file name {key.name!r}.yaml must match {NAME_RE.pattern} (lowercase, digits, -)"))
+            issues.append(
+                Issue(path, 0, f"file name {key.name!r}.yaml must match {NAME_RE.pattern} (lowercase, digits, -)")
+            )
             continue
         if cluster.users is not None and key.user not in cluster.users:
-            issues.append(Issue(path, 0, f"user {key.user!r} is not declared under `users:` in cluster.yaml"))
+            issue = Issue(path, 0, f"user {key.user!r} is not declared under `users:` in cluster.yaml")
+            issues.append(issue)
+            undeclared[key] = [issue]  # invalid, not absent: what runs for it is kept, never deleted
             continue
         objects[key] = by_path[path]
 
     state = DesiredState(cluster=cluster, cluster_valid=cluster_valid, revision=revision, approve_prune=approve_prune)
+    state.invalid.update(undeclared)
     task_names = {(k.user, k.name) for k in objects if k.kind == "task"}
     for key, file in objects.items():
         doc, file_issues = _parse_checked(file, KIND_OF_FOLDER[key.kind + "s"], cache)
@@ -141,7 +148,10 @@ def classify(path: str) -> tuple[ObjectKey | None, str | None]:
     if len(parts) == 3:
         if parts[2] in IGNORED_NAMES:
             return None, None
-        return None, f"files directly under users/{parts[1]}/ are not allowed; put models in models/ and tasks in tasks/"
+        return (
+            None,
+            f"files directly under users/{parts[1]}/ are not allowed; put models in models/ and tasks in tasks/",
+        )
     folder = parts[2]
     if folder not in KIND_OF_FOLDER:
         return None, f"unknown folder {folder!r} under users/{parts[1]}/; only models/ and tasks/ are allowed"
@@ -154,7 +164,7 @@ def classify(path: str) -> tuple[ObjectKey | None, str | None]:
         return None, "use the .yaml extension (.yml files are not loaded)"
     if not filename.endswith(".yaml"):
         return None, f"only <name>.yaml files are allowed in {folder}/"
-    kind = "model" if folder == "models" else "task"
+    kind: Kind = "model" if folder == "models" else "task"
     return ObjectKey(parts[1], kind, filename[: -len(".yaml")]), None
 
 
@@ -178,7 +188,16 @@ def _parse_checked(file: SourceFile, kind: str, cache: ParseCache) -> tuple[Docu
             found = doc.data.get("kind")
             if "kind" in doc.data and found != kind:
                 folder = {"Model": "models/", "Task": "tasks/", "Cluster": "the repository root (cluster.yaml)"}[kind]
-                result = (doc, [Issue(file.path, doc.line(("kind",)), f"kind: must be {kind!r} for a file in {folder}, got {found!r}")])
+                result = (
+                    doc,
+                    [
+                        Issue(
+                            file.path,
+                            doc.line(("kind",)),
+                            f"kind: must be {kind!r} for a file in {folder}, got {found!r}",
+                        )
+                    ],
+                )
             else:
                 result = (doc, schema.validate(doc, kind))
     cache.entries[(file.path, file.blob)] = result
@@ -203,11 +222,18 @@ def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
     if "admins" in sec:
         sec["admins"] = tuple(sec["admins"])
     security = Security(**sec)
-    return ClusterSpec(users=users, paths=paths, serving=serving, training=training, env=env, prune=prune, security=security)
+    return ClusterSpec(
+        users=users, paths=paths, serving=serving, training=training, env=env, prune=prune, security=security
+    )
 
 
 def _model(
-    key: ObjectKey, doc: Document, cluster: ClusterSpec, fs: FileSystem | None, when: int, task_names: set[tuple[str, str]]
+    key: ObjectKey,
+    doc: Document,
+    cluster: ClusterSpec,
+    fs: FileSystem | None,
+    when: int,
+    task_names: set[tuple[str, str]],
 ) -> tuple[ModelSpec | None, list[Issue]]:
     data = doc.data
     source: str = data["source"]
@@ -272,7 +298,9 @@ def _task(
     val = checked(("data", "val"), data_files.get("val"))
     working_dir = checked(("working_dir",), data.get("working_dir"))
     if workload == "command" and data.get("nodes", 1) != 1:
-        issues.append(Issue(doc.path, doc.line(("nodes",)), "nodes: workload: command runs on a single node (nodes: 1)"))
+        issues.append(
+            Issue(doc.path, doc.line(("nodes",)), "nodes: workload: command runs on a single node (nodes: 1)")
+        )
     if issues:
         return None, issues
     overrides = tuple(data.get("overrides", []))

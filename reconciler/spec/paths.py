@@ -79,7 +79,8 @@ def resolve_path(raw: str, user: str, paths: Paths, fs: FileSystem | None, *, mu
     roots = allowed_roots(user, paths)
     if not any(_inside(path, r) for r in roots):
         raise PathError(
-            f"{raw!r} resolves to {path}, outside the allowed roots {roots[1]}/ (your home) and {roots[0]}/ (shared cache)"
+            f"{raw!r} resolves to {path}, outside the allowed roots "
+            f"{roots[1]}/ (your home) and {roots[0]}/ (shared cache)"
         )
     if fs is None:
         return path

@@ -71,13 +71,15 @@ def _to_issues(doc: Document, error: ValidationError) -> list[Issue]:
             suggestion = f" (did you mean {hint[0]!r}?)" if hint else f" (allowed: {', '.join(allowed)})"
             out.append(Issue(doc.path, doc.line((*where, key)), f"{_field((*where, key))}: unknown key{suggestion}"))
         return out
-    if validator == "propertyNames" or (validator == "not" and isinstance(error.instance, str)):
+    if "propertyNames" in error.schema_path and isinstance(error.instance, str):
+        # A bad key (env name, forbidden engine argument): report it on the key's own line.
         key = error.instance
         forbidden = error.schema.get("not", {}).get("enum")
         if forbidden and key in forbidden:
             msg = f"{_field((*where, key))}: is derived by argus and cannot be set here"
         else:
-            msg = f"{_field((*where, key))}: invalid name {key!r}"
+            pattern = error.schema.get("pattern")
+            msg = f"{_field((*where, key))}: invalid name {key!r}" + (f" (must match {pattern})" if pattern else "")
         return [Issue(doc.path, doc.line((*where, key)), msg)]
     if error.schema is False:
         # jsonschema drops the property name for `false` subschemas; find it by identity.
@@ -94,17 +96,28 @@ def _to_issues(doc: Document, error: ValidationError) -> list[Issue]:
         options = ", ".join(map(str, error.validator_value))
         return [Issue(doc.path, doc.line(where), f"{prefix}{_show(error.instance)} is not one of: {options}")]
     if validator == "const":
-        return [Issue(doc.path, doc.line(where), f"{prefix}must be {error.validator_value!r}, got {_show(error.instance)}")]
+        return [
+            Issue(doc.path, doc.line(where), f"{prefix}must be {error.validator_value!r}, got {_show(error.instance)}")
+        ]
     if validator == "pattern" and where and where[0] == "overrides":
-        return [Issue(doc.path, doc.line(where), f"{prefix}{_show(error.instance)} is not a hydra override `a.b.c=value`")]
+        return [
+            Issue(doc.path, doc.line(where), f"{prefix}{_show(error.instance)} is not a hydra override `a.b.c=value`")
+        ]
     return [Issue(doc.path, doc.line(where), f"{prefix}{error.message}")]
 
 
 def _types(expected: Any) -> str:
-    names = {"integer": "an integer", "string": "a string", "object": "a mapping", "array": "a list",
-             "boolean": "true or false", "number": "a number", "null": "nothing"}
+    names = {
+        "integer": "an integer",
+        "string": "a string",
+        "object": "a mapping",
+        "array": "a list",
+        "boolean": "true or false",
+        "number": "a number",
+        "null": "nothing",
+    }
     if isinstance(expected, list):
-        return " or ".join(names.get(e, e) for e in expected)
+        return " or ".join(names.get(e, str(e)) for e in expected)
     return names.get(expected, str(expected))
 
 

@@ -17,6 +17,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from reconciler.errors import Issue
 
 MAX_BYTES = 256 * 1024
+MAX_DEPTH = 64  # nesting levels of mappings and lists
 JsonPath = tuple[str | int, ...]
 
 
@@ -44,8 +45,11 @@ class YamlError(Exception):
         self.issue = issue
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """A SafeLoader whose composer refuses aliases (and therefore alias bombs)."""
+class _StrictLoader(yaml.SafeLoader):  # type: ignore[misc]
+    """A SafeLoader whose composer refuses aliases (and therefore alias bombs) and deep nesting
+    (PyYAML's composer recurses per level: ``[[[[...`` would raise RecursionError)."""
+
+    _depth = 0
 
     def compose_node(self, parent: Node | None, index: Any) -> Node:  # type: ignore[override]
         if self.check_event(yaml.AliasEvent):
@@ -53,7 +57,16 @@ class _StrictLoader(yaml.SafeLoader):
             raise yaml.MarkedYAMLError(
                 None, None, "YAML aliases (*name) are not allowed in argus files; write the value out", event.start_mark
             )
-        return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        if self._depth >= MAX_DEPTH:
+            event = self.peek_event()
+            raise yaml.MarkedYAMLError(
+                None, None, f"nesting deeper than {MAX_DEPTH} levels is not allowed", event.start_mark
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        finally:
+            self._depth -= 1
 
 
 def parse(path: str, content: bytes) -> Document:
@@ -87,7 +100,9 @@ def parse(path: str, content: bytes) -> Document:
         loader.dispose()
     if not isinstance(data, dict):
         kind = "a list" if isinstance(data, list) else f"a {type(data).__name__} scalar"
-        raise YamlError(Issue(path, node.start_mark.line + 1, f"the document is {kind}; expected a mapping (key: value)"))
+        raise YamlError(
+            Issue(path, node.start_mark.line + 1, f"the document is {kind}; expected a mapping (key: value)")
+        )
     doc.data = data
     doc.lines[()] = node.start_mark.line + 1
     return doc

@@ -1,0 +1,151 @@
+"""Health and sync of every object after a tick. Pure.
+
+Two separate questions, as in Argo CD: ``state`` is health (what runs: QUEUED, DEPLOYING,
+RUNNING, FAILED, DELETING for models; QUEUED, SUBMITTED, PENDING, RUNNING, SUCCEEDED,
+FAILED, STOPPED for tasks; INVALID/SUSPENDED when nothing runs), ``sync`` is whether what
+runs matches git (Synced, OutOfSync, Invalid, Suspended, Held).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reconciler.plan.actions import Action, ActionType, Plan
+from reconciler.plan.actual import ActualJob, ActualState
+from reconciler.spec.hashing import task_spec_hash
+from reconciler.spec.types import DesiredState, ObjectKey
+
+SERVE_TO_STATE = {
+    "RUNNING": "RUNNING",
+    "DEPLOYING": "DEPLOYING",
+    "NOT_STARTED": "DEPLOYING",
+    "DEPLOY_FAILED": "FAILED",
+    "UNHEALTHY": "FAILED",
+    "DELETING": "DELETING",
+}
+
+
+@dataclass
+class ObjectStatus:
+    """What the status branch and ``argus reconcile`` report for one object."""
+
+    key: ObjectKey
+    state: str
+    sync: str
+    reason: str = ""
+    served_name: str | None = None
+    replicas_desired: int | None = None
+    replicas_ready: int | None = None
+    gpus: float = 0.0
+    submission_id: str | None = None
+    runs: list[ActualJob] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {
+            "object": str(self.key),
+            "kind": self.key.kind,
+            "state": self.state,
+            "sync": self.sync,
+        }
+        if self.reason:
+            out["reason"] = self.reason
+        if self.key.kind == "model":
+            out.update(
+                served_name=self.served_name, replicas={"desired": self.replicas_desired, "ready": self.replicas_ready}
+            )
+        else:
+            out["submission_id"] = self.submission_id
+        out["gpus"] = self.gpus
+        return out
+
+
+def assess(
+    desired: DesiredState, actual: ActualState, plan: Plan, applied: set[ObjectKey] | None = None
+) -> dict[ObjectKey, ObjectStatus]:
+    """Return the status of every object in desired or actual.
+
+    ``applied``: keys whose actions were applied this tick (None = all of them were);
+    an action that failed leaves the object in its observed state.
+    """
+    out: dict[ObjectKey, ObjectStatus] = {}
+    keys = desired.keys() | set(actual.models) | {j.key for j in actual.jobs if j.active}
+    for key in sorted(keys):
+        actions = plan.for_key(key)
+        done = applied is None or key in applied
+        if key.kind == "model":
+            out[key] = _model(key, desired, actual, actions, done)
+        else:
+            out[key] = _task(key, desired, actual, actions, done)
+    return out
+
+
+def _sync(key: ObjectKey, desired: DesiredState, actions: list[Action]) -> str:
+    if key in desired.invalid:
+        return "Invalid"
+    spec = desired.models.get(key) or desired.tasks.get(key)
+    if spec is not None and spec.suspend:
+        return "Suspended"
+    if any(a.type is ActionType.KEEP and "guard" in a.reason for a in actions):
+        return "Held"
+    return "OutOfSync" if any(a.type is not ActionType.KEEP for a in actions) else "Synced"
+
+
+def _model(
+    key: ObjectKey, desired: DesiredState, actual: ActualState, actions: list[Action], done: bool
+) -> ObjectStatus:
+    live = actual.models.get(key)
+    spec = desired.models.get(key)
+    status = ObjectStatus(key, "RUNNING", _sync(key, desired, actions))
+    status.served_name = spec.served_name if spec else (live.served_name if live else None)
+    status.replicas_desired = spec.replicas if spec else (live.replicas if live else None)
+    status.replicas_ready = live.ready_replicas if live else 0
+    if live:
+        status.gpus = live.committed().get("GPU", 0.0)
+        status.state = SERVE_TO_STATE.get(live.status, live.status)
+        status.reason = live.message
+    reasons = [a.reason for a in actions]
+    kinds = {a.type for a in actions}
+    if done and ActionType.DELETE_MODEL in kinds:
+        status.state = "DELETING"
+    elif done and kinds & {ActionType.DEPLOY_MODEL, ActionType.UPDATE_MODEL}:
+        status.state = "DEPLOYING"
+    elif ActionType.QUEUE in kinds and live is None:
+        status.state = "QUEUED"
+    elif live is None and key in desired.invalid:
+        status.state = "INVALID"
+    elif live is None and spec is not None and spec.suspend:
+        status.state = "SUSPENDED"
+    if reasons:
+        status.reason = "; ".join(r for r in [*reasons, status.reason if live and live.message else ""] if r)
+    return status
+
+
+def _task(
+    key: ObjectKey, desired: DesiredState, actual: ActualState, actions: list[Action], done: bool
+) -> ObjectStatus:
+    jobs = sorted(actual.jobs_of(key), key=lambda j: (j.start_time or 0, j.submission_id))
+    spec = desired.tasks.get(key)
+    status = ObjectStatus(key, "STOPPED", _sync(key, desired, actions), runs=jobs)
+    kinds = {a.type for a in actions}
+    submit = next((a for a in actions if a.type is ActionType.SUBMIT_TASK), None)
+    current = None
+    if spec is not None:
+        digest = task_spec_hash(spec)
+        current = next((j for j in reversed(jobs) if j.spec_hash == digest), None)
+    elif jobs:
+        current = jobs[-1]
+    if current is not None:
+        status.state, status.submission_id, status.reason = current.status, current.submission_id, current.message
+        status.gpus = current.committed().get("GPU", 0.0)
+    if submit is not None and done:
+        status.state, status.submission_id = "SUBMITTED", submit.submission_id
+        status.gpus = submit.demand.get("GPU", 0.0)
+    elif ActionType.QUEUE in kinds and current is None:
+        status.state = "QUEUED"
+    elif current is None and key in desired.invalid:
+        status.state = "INVALID"
+    elif current is None and spec is not None and spec.suspend:
+        status.state = "SUSPENDED"
+    if actions:
+        status.reason = "; ".join(a.reason for a in actions)
+    return status

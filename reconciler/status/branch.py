@@ -1,0 +1,126 @@
+"""Write the status branch with git plumbing: one commit per change, never the work tree. I/O."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from reconciler.source.git import git
+
+AUTHOR = {
+    "GIT_AUTHOR_NAME": "argus",
+    "GIT_AUTHOR_EMAIL": "argus@localhost",
+    "GIT_COMMITTER_NAME": "argus",
+    "GIT_COMMITTER_EMAIL": "argus@localhost",
+}
+
+
+def tip(repo: str, branch: str, *, remote_too: bool = False) -> str | None:
+    """The commit of ``branch`` (or, with ``remote_too``, of ``origin/<branch>``); None if absent."""
+    refs = [f"refs/heads/{branch}"] + ([f"refs/remotes/origin/{branch}"] if remote_too else [])
+    for ref in refs:
+        out = subprocess.run(
+            ["git", "-C", repo, "rev-parse", "--verify", "--quiet", ref], capture_output=True, text=True
+        )
+        if out.stdout.strip():
+            return out.stdout.strip()
+    return None
+
+
+def read_documents(repo: str, branch: str, *, remote_too: bool = False) -> dict[str, dict[str, Any]]:
+    """Return the status documents (path -> mapping) on ``branch``; empty when it does not exist."""
+    head = tip(repo, branch, remote_too=remote_too)
+    if head is None:
+        return {}
+    listing = git(repo, "ls-tree", "-r", "-z", head, "--", "users").split(b"\0")
+    blobs = [(r.split(b"\t")[1].decode(), r.split()[2].decode()) for r in listing if r]
+    if not blobs:
+        return {}
+    out = git(repo, "cat-file", "--batch", input=("\n".join(b for _, b in blobs) + "\n").encode())
+    docs: dict[str, dict[str, Any]] = {}
+    pos = 0
+    for path, _blob in blobs:
+        end = out.index(b"\n", pos)
+        size = int(out[pos:end].split()[2])
+        try:
+            data = yaml.safe_load(out[end + 1 : end + 1 + size])
+        except yaml.YAMLError:
+            data = None
+        if isinstance(data, dict):
+            docs[path] = data
+        pos = end + 1 + size + 1
+    return docs
+
+
+def commit_tree(repo: str, branch: str, files: Mapping[str, bytes], message: str) -> str | None:
+    """Make ``files`` the whole tree of ``branch`` in one commit on top of its tip.
+
+    Returns the new commit, or None when the tree is unchanged (no empty commits).
+    The ref is updated with compare-and-swap, so a concurrent writer is never overwritten.
+    """
+    parent = tip(repo, branch)
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, **AUTHOR, "GIT_INDEX_FILE": os.path.join(tmp, "index")}
+        index_info = []
+        for path in sorted(files):
+            blob = (
+                subprocess.run(
+                    ["git", "-C", repo, "hash-object", "-w", "--stdin"],
+                    input=files[path],
+                    capture_output=True,
+                    check=True,
+                    env=env,
+                )
+                .stdout.decode()
+                .strip()
+            )
+            index_info.append(f"100644 {blob}\t{path}")
+        subprocess.run(
+            ["git", "-C", repo, "update-index", "--add", "--index-info"],
+            input="\n".join(index_info).encode() + b"\n",
+            check=True,
+            env=env,
+            capture_output=True,
+        )
+        tree = (
+            subprocess.run(["git", "-C", repo, "write-tree"], capture_output=True, check=True, env=env)
+            .stdout.decode()
+            .strip()
+        )
+        if parent is not None:
+            old_tree = git(repo, "rev-parse", f"{parent}^{{tree}}").decode().strip()
+            if old_tree == tree:
+                return None
+        args = ["git", "-C", repo, "commit-tree", tree, "-F", "-"] + (["-p", parent] if parent else [])
+        commit = (
+            subprocess.run(args, input=message.encode(), capture_output=True, check=True, env=env)
+            .stdout.decode()
+            .strip()
+        )
+    git(repo, "update-ref", f"refs/heads/{branch}", commit, parent or "0" * 40)
+    return commit
+
+
+def write_note(repo: str, commit: str, text: str, ref: str = "argus", *, replace: bool = True) -> bool:
+    """Attach ``text`` as the note of ``commit`` under refs/notes/<ref>.
+
+    Returns False when nothing was written: the note is unchanged, or one exists and
+    ``replace`` is False.
+    """
+    current = subprocess.run(["git", "-C", repo, "notes", f"--ref={ref}", "show", commit], capture_output=True)
+    if current.returncode == 0 and (not replace or current.stdout.decode().rstrip("\n") == text.rstrip("\n")):
+        return False
+    env = {**os.environ, **AUTHOR}
+    subprocess.run(
+        ["git", "-C", repo, "notes", f"--ref={ref}", "add", "-f", "-F", "-", commit],
+        input=text.encode(),
+        check=True,
+        capture_output=True,
+        env=env,
+    )
+    return True

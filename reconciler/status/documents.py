@@ -1,0 +1,131 @@
+"""Status documents: one YAML file per object and a README table. Pure.
+
+Nothing here changes between two ticks unless the object changed, so an idle daemon makes
+no commits: times recorded are transition times, never "now".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from reconciler.plan.actual import FINAL_JOB_STATES
+from reconciler.plan.assess import ObjectStatus
+
+MAX_EVENTS = 20
+
+
+def status_path(st: ObjectStatus) -> str:
+    return st.key.path
+
+
+def object_document(
+    st: ObjectStatus,
+    previous: Mapping[str, Any] | None,
+    *,
+    revision: str | None,
+    applied: bool,
+    now: str,
+    endpoint: str,
+    log_tails: Mapping[str, list[str]],
+    checkpoints: Mapping[str, str | None],
+) -> dict[str, Any]:
+    """Return the status document of one object, carrying history over from ``previous``.
+
+    ``applied``: the object matches (or was just made to match) ``revision``; then it becomes
+    ``last_applied``. ``now`` is used only when the state changes.
+    """
+    prev = dict(previous or {})
+    events = list(prev.get("events", []))
+    changed = (prev.get("state"), prev.get("sync"), prev.get("reason", "")) != (st.state, st.sync, st.reason)
+    last_transition = prev.get("last_transition")
+    if changed or last_transition is None:
+        last_transition = now
+        events.append({"time": now, "state": st.state, "sync": st.sync, "reason": st.reason})
+    revisions = dict(prev.get("revision", {}))
+    if revision:
+        revisions["last_attempted"] = revision
+        if applied:
+            revisions["last_applied"] = revision
+    doc: dict[str, Any] = {
+        "object": str(st.key),
+        "kind": "Model" if st.key.kind == "model" else "Task",
+        "state": st.state,
+        "sync": st.sync,
+        "reason": st.reason,
+    }
+    if st.key.kind == "model":
+        doc["served_name"] = st.served_name
+        doc["endpoint"] = endpoint
+        doc["replicas"] = {"desired": st.replicas_desired, "ready": st.replicas_ready}
+    else:
+        doc["submission_id"] = st.submission_id
+    doc["gpus"] = st.gpus
+    doc["revision"] = revisions
+    doc["last_transition"] = last_transition
+    if st.key.kind == "task":
+        doc["runs"] = [
+            _run(j.submission_id, j.status, j.message, j.start_time, j.end_time, log_tails, checkpoints)
+            for j in st.runs
+        ]
+    doc["events"] = events[-MAX_EVENTS:]
+    return doc
+
+
+def _run(
+    sid: str,
+    status: str,
+    message: str,
+    start: int | None,
+    end: int | None,
+    log_tails: Mapping[str, list[str]],
+    checkpoints: Mapping[str, str | None],
+) -> dict[str, Any]:
+    run: dict[str, Any] = {"submission_id": sid, "status": status, "start_time": _ms(start), "end_time": _ms(end)}
+    if message:
+        run["message"] = message
+    if checkpoints.get(sid):
+        run["checkpoint"] = checkpoints[sid]
+    # Only finished runs keep a log tail: a live tail would make a commit every tick.
+    if status in FINAL_JOB_STATES and log_tails.get(sid):
+        run["log_tail"] = log_tails[sid]
+    return run
+
+
+def _ms(value: int | None) -> str | None:
+    if not value:
+        return None
+    import datetime as _dt
+
+    return _dt.datetime.fromtimestamp(value / 1000, tz=_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def dump(doc: Mapping[str, Any]) -> bytes:
+    text: str = yaml.safe_dump(dict(doc), sort_keys=False, allow_unicode=True, width=1000)
+    return text.encode()
+
+
+def readme(docs: Mapping[str, Mapping[str, Any]], *, revision: str | None, errors: list[str]) -> bytes:
+    """The status branch's README.md: a markdown table of every object."""
+    lines = [
+        "# argus status",
+        "",
+        "Written by the argus daemon; do not edit. "
+        "One file per object mirrors `users/<user>/{models,tasks}/<name>.yaml`.",
+        "",
+        f"Desired revision: `{revision or 'unknown'}`",
+        "",
+        "| user | kind | name | state | sync | endpoint / job | updated |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for path in sorted(docs):
+        d = docs[path]
+        user, kinds, name = path.split("/")[1], path.split("/")[2], path.split("/")[3].removesuffix(".yaml")
+        where = f"`{d.get('served_name')}`" if kinds == "models" else f"`{d.get('submission_id') or '-'}`"
+        cells = [user, kinds[:-1], name, d.get("state"), d.get("sync"), where, d.get("last_transition")]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    if errors:
+        lines += ["", "## Validation errors at this revision", ""] + [f"- `{e}`" for e in errors]
+    return ("\n".join(lines) + "\n").encode()

@@ -1,0 +1,124 @@
+"""Write one tick's outcome to git, once per reconcile: the status branch and a git note. I/O."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from reconciler.plan.actions import ActionType, Plan
+from reconciler.plan.assess import ObjectStatus
+from reconciler.source.remote import RepoSource
+from reconciler.status.branch import commit_tree, read_documents, write_note
+from reconciler.status.documents import dump, object_document, readme
+
+log = logging.getLogger("argus")
+NOTES_REF = "argus"
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+@dataclass
+class StatusReport:
+    """What to write for one tick (built by the daemon from a TickResult)."""
+
+    revision: str | None
+    statuses: Mapping[Any, ObjectStatus]
+    applied_keys: set[Any]
+    failed_keys: set[Any]
+    plan: Plan | None
+    errors: list[str]
+    notes: list[str] = field(default_factory=list)
+    log_tails: Mapping[str, list[str]] = field(default_factory=dict)
+    checkpoints: Mapping[str, str | None] = field(default_factory=dict)
+    source_error: str | None = None
+
+
+@dataclass
+class StatusWriter:
+    """Writes the status branch (and notes) of ``source``; pushes when it is a remote."""
+
+    source: RepoSource
+    branch: str = "argus/status"
+    endpoint: str = "http://127.0.0.1:8000/v1"
+    now: Callable[[], str] = utc_now
+    commits: int = 0
+
+    def write(self, report: StatusReport) -> str | None:
+        """Commit the status tree if anything changed; note the desired commit. Returns the
+        new status commit (None when nothing changed). Retries a rejected push after a fetch."""
+        for _attempt in range(4):
+            commit = self._commit(report)
+            noted = self._note(report)
+            if commit is None and not noted:
+                return None
+            refs = ([f"refs/heads/{self.branch}"] if commit else []) + ([f"refs/notes/{NOTES_REF}"] if noted else [])
+            if self.source.push(refs):
+                if commit:
+                    self.commits += 1
+                return commit
+            log.info("status push rejected; fetching and retrying")
+            self.source.fetch()
+        log.warning("status push kept failing; will retry next tick")
+        return None
+
+    def _commit(self, report: StatusReport) -> str | None:
+        repo = self.source.repo.path
+        previous = read_documents(repo, self.branch)
+        docs: dict[str, dict[str, Any]] = {}
+        transitions: list[str] = []
+        now = self.now()
+        for key, st in report.statuses.items():
+            prev = previous.get(key.path)
+            applied = (
+                key not in report.failed_keys
+                and st.sync in ("Synced", "OutOfSync")
+                and (st.sync == "Synced" or key in report.applied_keys)
+            )
+            doc = object_document(
+                st,
+                prev,
+                revision=report.revision,
+                applied=applied,
+                now=now,
+                endpoint=self.endpoint,
+                log_tails=report.log_tails,
+                checkpoints=report.checkpoints,
+            )
+            if prev is None or (prev.get("state"), prev.get("sync")) != (doc["state"], doc["sync"]):
+                before = f"{prev.get('state')}/{prev.get('sync')}" if prev else "new"
+                transitions.append(f"{key}: {before} -> {doc['state']}/{doc['sync']}")
+            docs[key.path] = doc
+        if report.source_error:
+            docs = previous  # the source is unreadable: say so, but keep every object's status
+        for path in sorted(set(previous) - set(docs)):
+            transitions.append(f"{path.removeprefix('users/').removesuffix('.yaml')}: removed")
+        errors = list(report.errors)
+        if report.source_error:
+            errors.insert(0, f"source unavailable: {report.source_error}")
+        files = {path: dump(doc) for path, doc in docs.items()}
+        files["README.md"] = readme(docs, revision=report.revision, errors=errors + report.notes)
+        subject = f"argus: {len(transitions)} transition(s) at {(report.revision or 'unknown')[:12]}"
+        message = subject + ("\n\n" + "\n".join(transitions) if transitions else "") + "\n"
+        return commit_tree(repo, self.branch, files, message)
+
+    def _note(self, report: StatusReport) -> bool:
+        if not report.revision:
+            return False
+        lines = [f"argus: processed {report.revision[:12]}"]
+        if report.errors:
+            lines += ["", "Validation errors (these objects were not changed):"] + [f"  {e}" for e in report.errors]
+        if report.plan is not None:
+            shown = [a for a in report.plan.actions if a.type is not ActionType.KEEP or "guard" in a.reason]
+            if shown:
+                lines += ["", "Actions:"] + [f"  {a.type.value} {a.key}: {a.reason}" for a in shown]
+            lines += [f"  note: {n}" for n in report.plan.notes]
+        # The first tick on a commit writes its note; later ticks replace it only when they
+        # act (a queued model finally deploying), so "in sync" never hides what the push did.
+        acted = report.plan is not None and report.plan.has_changes
+        text = "\n".join(lines) + "\n"
+        return write_note(self.source.repo.path, report.revision, text, NOTES_REF, replace=acted)
