@@ -35,6 +35,7 @@ from reconciler.plan.planner import plan as make_plan
 from reconciler.server import Metrics
 from reconciler.source.localfs import LocalFS
 from reconciler.source.remote import RepoSource
+from reconciler.source.signatures import SignatureVerifier
 from reconciler.spec.loader import ParseCache, TaskCheck, load
 from reconciler.spec.paths import FileSystem
 from reconciler.spec.types import DesiredState, ObjectKey
@@ -106,6 +107,8 @@ class Reconciler:
         )
         self.task_check = task_check if task_check is not None else default_task_check()
         self.cache = ParseCache()
+        self.verifier = SignatureVerifier(source.repo)
+        self.rejections: list[str] = []
 
     # -- load ---------------------------------------------------------------------------
     def load(self, commit: str | None = None, *, fetch: bool = True) -> tuple[DesiredState, str, int]:
@@ -115,7 +118,10 @@ class Reconciler:
         if fetch:
             self.source.fetch()
         commit = commit or self.source.repo.resolve(f"refs/heads/{self.branch}")
-        snap = self.source.repo.snapshot(commit, self.cache)
+        trusted = self.verifier.trusted(commit)
+        signed = trusted.settings.enabled or bool(trusted.rejections)
+        snap = self.source.repo.snapshot(commit, self.cache, trusted.entries if signed else None)
+        self.rejections = [str(r) for r in trusted.rejections]
         desired = load(
             snap.files,
             created=snap.created,
@@ -155,6 +161,7 @@ class Reconciler:
             subject=getattr(self, "_subject", ""),
             commit_time=commit_time,
         )
+        result.notes.extend(f"unverified change kept out: {r}" for r in self.rejections)
         result.notes.extend(serve.settings_mismatch(desired.cluster))
         result.notes.extend(plan.notes)
         self._apply(result)

@@ -7,7 +7,7 @@ blobs it has not seen and walks only the new commits.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from reconciler.errors import SourceUnavailable
@@ -56,10 +56,22 @@ class GitRepo:
             raise SourceUnavailable(f"{ref!r} does not exist in {self.path}")
         return out
 
-    def snapshot(self, commit: str, cache: ParseCache | None = None) -> Snapshot:
-        """Read ``commit``'s relevant files. Blobs already parsed (in ``cache``) are not read again."""
-        listing = git(self.path, "ls-tree", "-r", "-z", "--full-tree", commit, "--", *self._pathspecs())
+    def snapshot(
+        self, commit: str, cache: ParseCache | None = None, tree: Mapping[str, tuple[str, str]] | None = None
+    ) -> Snapshot:
+        """Read ``commit``'s relevant files. Blobs already parsed (in ``cache``) are not read again.
+
+        ``tree`` (path -> (mode, blob)) replaces the commit's own tree: the signature
+        verifier's trusted tree, where unverified changes are left out.
+        """
         entries: list[tuple[str, str, str]] = []  # (path, mode, blob)
+        if tree is not None:
+            entries = [(p, m, b) for p, (m, b) in sorted(tree.items()) if p.startswith(_RELEVANT)]
+        listing = (
+            b""
+            if tree is not None
+            else git(self.path, "ls-tree", "-r", "-z", "--full-tree", commit, "--", *self._pathspecs())
+        )
         for record in listing.split(b"\0"):
             if not record:
                 continue

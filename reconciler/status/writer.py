@@ -116,7 +116,11 @@ class StatusWriter:
             shown = [a for a in report.plan.actions if a.type is not ActionType.KEEP or "guard" in a.reason]
             if shown:
                 lines += ["", "Actions:"] + [f"  {a.type.value} {a.key}: {a.reason}" for a in shown]
-            lines += [f"  note: {n}" for n in report.plan.notes]
+        extra = [n for n in report.notes if report.plan is None or n not in report.plan.notes]
+        if report.plan is not None:
+            extra = list(report.plan.notes) + extra
+        if extra:
+            lines += ["", "Notes:"] + [f"  {n}" for n in extra]
         # The first tick on a commit writes its note; later ticks replace it only when they
         # act (a queued model finally deploying), so "in sync" never hides what the push did.
         acted = report.plan is not None and report.plan.has_changes
