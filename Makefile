@@ -36,7 +36,7 @@ test: lint
 	$(BIN)/pytest -q
 
 demo: venv
-	$(BIN)/python -m reconciler.demo
+	$(BIN)/argus demo
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

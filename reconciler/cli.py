@@ -159,6 +159,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from reconciler.status.writer import StatusWriter
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    logging.getLogger("watchfiles").setLevel(logging.WARNING)  # it logs every batch of changes
     source = open_source(args.repo, args.cache_dir)
     reconciler = Reconciler(source, args.branch, Dashboard(args.ray))
     writer = StatusWriter(source, args.status_branch, endpoint=args.endpoint)
@@ -244,6 +245,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not docs:
         print(f"(no status yet on branch {args.status_branch})", file=sys.stderr)
     return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from reconciler import demo
+
+    return demo.main()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -359,6 +366,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--cache-dir", default=_env("CACHE_DIR", os.path.expanduser("~/.cache/argus")))
     st.add_argument("--format", choices=["text", "json"], default="text")
     st.set_defaults(func=cmd_status)
+
+    dm = sub.add_parser("demo", help="run the whole loop locally (Ray head, bare repo, daemon, push, OpenAI call)",
+                        description="Start a local Ray head in CPU mode, seed a bare repository from desired-state/, "
+                        "run the daemon on it, push, wait for the tiny model, call it with the OpenAI client and show "
+                        "the status table. Needs the cpu extra (make demo installs it).")
+    dm.set_defaults(func=cmd_demo)
     return parser
 
 

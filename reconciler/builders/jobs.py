@@ -11,14 +11,16 @@ can rebuild everything from Ray alone:
 ``argus-spec-hash``    :func:`~reconciler.spec.hashing.task_spec_hash`
 ``argus-revision``     git revision that submitted it ("" when unknown)
 ``argus-run-dir``      absolute run folder (checkpoints live below it)
-``argus-gpus``         GPUs the task uses (verl claims them from its workers,
-                       not through the driver's entrypoint resources)
+``argus-resources``    JSON of :func:`~reconciler.plan.demand.task_resources`
+                       (Ray 2.60's job listing does not return the entrypoint
+                       resources, and verl's GPUs are claimed by its workers)
 ``argus-workload``     ppo | grpo | sft | command
 =====================  ===================================================
 """
 
 from __future__ import annotations
 
+import json
 import posixpath
 import re
 import shlex
@@ -26,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from reconciler.errors import PermanentError
+from reconciler.plan.demand import task_resources
 from reconciler.spec.hashing import submission_id, task_spec_hash
 from reconciler.spec.types import ClusterSpec, TaskSpec
 
@@ -36,7 +39,7 @@ LABEL_TASK = "argus-task"
 LABEL_SPEC_HASH = "argus-spec-hash"
 LABEL_REVISION = "argus-revision"
 LABEL_RUN_DIR = "argus-run-dir"
-LABEL_GPUS = "argus-gpus"
+LABEL_RESOURCES = "argus-resources"
 LABEL_WORKLOAD = "argus-workload"
 
 ENV_RUN_DIR = "ARGUS_RUN_DIR"
@@ -175,8 +178,9 @@ def job_env(task: TaskSpec, cluster: ClusterSpec, *, run_folder: str, secrets_en
     }
 
 
-def job_metadata(task: TaskSpec, *, run_folder: str, revision: str | None) -> dict[str, str]:
+def job_metadata(task: TaskSpec, cluster: ClusterSpec, *, run_folder: str, revision: str | None) -> dict[str, str]:
     """Return the ownership labels stored with the job (all values are strings)."""
+    resources = {k: v for k, v in task_resources(task, cluster).items() if v}
     return {
         MANAGED_BY: MANAGER,
         LABEL_USER: task.key.user,
@@ -184,7 +188,7 @@ def job_metadata(task: TaskSpec, *, run_folder: str, revision: str | None) -> di
         LABEL_SPEC_HASH: task_spec_hash(task),
         LABEL_REVISION: revision or "",
         LABEL_RUN_DIR: run_folder,
-        LABEL_GPUS: str(task.gpus),
+        LABEL_RESOURCES: json.dumps(resources, sort_keys=True, separators=(",", ":")),
         LABEL_WORKLOAD: task.workload,
     }
 
@@ -214,12 +218,10 @@ def job_submission(
     """
     folder = run_dir(task, cluster)
     wandb = "WANDB_API_KEY" in secrets_env
-    runtime_env: dict[str, Any] = {
-        "env_vars": job_env(task, cluster, run_folder=folder, secrets_env=secrets_env)
-    }
+    runtime_env: dict[str, Any] = {"env_vars": job_env(task, cluster, run_folder=folder, secrets_env=secrets_env)}
     body: dict[str, Any] = {
         "submission_id": submission_id(task),
-        "metadata": job_metadata(task, run_folder=folder, revision=revision),
+        "metadata": job_metadata(task, cluster, run_folder=folder, revision=revision),
         "entrypoint_resources": {k: float(v) for k, v in cluster.training.driver_resources.items()},
     }
     if task.workload == "command":

@@ -62,11 +62,11 @@ def check_overrides(task: TaskSpec, cluster: ClusterSpec) -> list[tuple[int, str
     # Syntax first: each override parses on its own, which pins a parse error to its line.
     parsable = []
     for line, ov in entries:
-        error = _parse_error(ov)
-        if error is None:
+        syntax = _parse_error(ov)
+        if syntax is None:
             parsable.append((line, ov))
         else:
-            issues.append((line, f"override `{ov}` is not valid hydra syntax: {error}"))
+            issues.append((line, f"override `{ov}` is not valid hydra syntax: {syntax}"))
     # Then composition; hydra stops at the first bad override, so drop it and go again.
     remaining = parsable
     while remaining:
@@ -181,7 +181,7 @@ def _suggest(config_name: str, key: str) -> str | None:
 
     try:
         node = _base_config(config_name)
-    except Exception:  # noqa: BLE001 - a suggestion is optional
+    except Exception:  # a suggestion is optional; never fail the check for it
         return None
     parts = key.split(".")
     for i, part in enumerate(parts[:-1]):
@@ -198,5 +198,5 @@ def _closest(node: Any, prefix: list[str], part: str) -> str | None:
 
     if not isinstance(node, DictConfig):
         return None
-    match = difflib.get_close_matches(part, [str(k) for k in node.keys()], n=1)
+    match = difflib.get_close_matches(part, [str(k) for k in node], n=1)
     return ".".join([*prefix, match[0]]) if match else None

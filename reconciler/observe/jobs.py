@@ -6,6 +6,8 @@ only record of what argus submitted; jobs without the label are never reported.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import urllib.parse
@@ -13,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from reconciler.builders.jobs import (
-    LABEL_GPUS,
+    LABEL_RESOURCES,
     LABEL_REVISION,
     LABEL_RUN_DIR,
     LABEL_SPEC_HASH,
@@ -32,6 +34,7 @@ _WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json
 _GLOBAL_STEP = re.compile(r"global_step_(\d+)")
 # verl keeps optimizer shards next to the HF folder; nothing worth finding is deeper.
 _MAX_DEPTH = 6
+_ENTRYPOINT_FIELDS = (("entrypoint_num_cpus", "CPU"), ("entrypoint_num_gpus", "GPU"), ("entrypoint_memory", "memory"))
 
 
 def observe_jobs(dash: Dashboard) -> list[ActualJob]:
@@ -76,20 +79,22 @@ def _to_actual(info: Mapping[str, Any]) -> ActualJob | None:
 def job_resources(info: Mapping[str, Any]) -> dict[str, float]:
     """Resources a job holds while active, in the shape of ``plan.demand.task_resources``.
 
-    The driver's entrypoint fields, plus the ``argus-gpus`` label: a verl driver takes no
-    GPUs itself (its workers claim them), yet the task uses them.
+    Read from the ``argus-resources`` label written at submission: Ray 2.60's job listing
+    does not return the entrypoint resources, and a verl driver takes no GPUs itself (its
+    workers claim them) although the task uses them. Entrypoint fields, where a Ray
+    version reports them, are the fallback.
     """
+    try:
+        labelled = json.loads((info.get("metadata") or {}).get(LABEL_RESOURCES) or "{}")
+        if isinstance(labelled, dict) and labelled:
+            return {str(k): float(v) for k, v in labelled.items() if float(v)}
+    except (TypeError, ValueError):
+        pass
     out: dict[str, float] = {k: float(v) for k, v in (info.get("entrypoint_resources") or {}).items()}
-    for field, name in (("entrypoint_num_cpus", "CPU"), ("entrypoint_num_gpus", "GPU"), ("entrypoint_memory", "memory")):
+    for field, name in _ENTRYPOINT_FIELDS:
         value = float(info.get(field) or 0)
         if value:
             out[name] = out.get(name, 0.0) + value
-    try:
-        labelled = float((info.get("metadata") or {}).get(LABEL_GPUS) or 0)
-    except ValueError:
-        labelled = 0.0
-    if labelled > out.get("GPU", 0.0):
-        out["GPU"] = labelled
     return out
 
 
@@ -145,8 +150,6 @@ def _mtime(folder: str, files: set[str]) -> float:
     """Latest modification time of the folder's files (0 when unreadable)."""
     times = []
     for name in files:
-        try:
+        with contextlib.suppress(OSError):  # a file removed meanwhile (checkpoint rotation)
             times.append(os.path.getmtime(os.path.join(folder, name)))
-        except OSError:
-            pass
     return max(times, default=0.0)

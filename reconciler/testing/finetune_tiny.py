@@ -19,6 +19,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 _SENTENCES = [
     "GitOps keeps the desired state of a cluster in a git repository.",
@@ -45,7 +46,9 @@ def finetune(model_path: str, output_dir: str, *, steps: int = 5, lr: float = 1e
     # Train in float32 (bf16 AdamW on CPU is slow and lossy), save in the base dtype.
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     sentences = Path(text).read_text().splitlines() if text else _SENTENCES
-    batch = tokenizer([s for s in sentences if s.strip()], return_tensors="pt", padding=True, truncation=True, max_length=128)
+    batch = tokenizer(
+        [s for s in sentences if s.strip()], return_tensors="pt", padding=True, truncation=True, max_length=128
+    )
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -70,7 +73,7 @@ def finetune(model_path: str, output_dir: str, *, steps: int = 5, lr: float = 1e
     return out
 
 
-def _config_dtype(config: object) -> object:
+def _config_dtype(config: object) -> Any:
     """The base model's saved dtype (``torch.float32`` when it names none)."""
     import torch
 

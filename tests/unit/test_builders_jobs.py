@@ -1,0 +1,253 @@
+"""The Ray Job builder: exact argv/bodies, and every verl override composes against verl's real config."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import replace
+
+import pytest
+
+from reconciler.builders.jobs import job_submission, run_dir, verl_argv
+from reconciler.checks.verl_overrides import check_overrides, verl_available
+from reconciler.errors import PermanentError
+from reconciler.spec.hashing import submission_id, task_spec_hash
+from reconciler.spec.types import ClusterSpec, ObjectKey, Paths, TaskSpec, Training
+
+CLUSTER = ClusterSpec(
+    paths=Paths(common="/shared/hf", users="/shared/users"),
+    training=Training(rollout="vllm", driver_resources={"worker_node": 1.0}),
+    env={"HF_HUB_OFFLINE": "1"},
+)
+RAW_FIELDS = {"workload", "model", "nodes", "gpus_per_node", "epochs", "steps", "overrides", "command", "env", "run"}
+MODEL = "/shared/hf/hub/models--Qwen--Qwen2.5-0.5B/snapshots/abc"
+
+
+def make_task(workload: str, name: str = "t", **kw: object) -> TaskSpec:
+    """A resolved TaskSpec as the loader produces it (``raw`` = the normalised file)."""
+    base: dict[str, object] = dict(
+        key=ObjectKey("alice", "task", name),
+        workload=workload,
+        model="Qwen/Qwen2.5-0.5B" if workload != "command" else None,
+        model_path=MODEL if workload != "command" else None,
+        data_train="/shared/users/alice/data/train.parquet" if workload != "command" else None,
+        data_val="/shared/users/alice/data/val.parquet" if workload != "command" else None,
+        nodes=1,
+        gpus_per_node=2,
+        epochs=1,
+        steps=None,
+        overrides=(),
+        override_lines=(),
+        command=None,
+        working_dir=None,
+        env={},
+        run=1,
+        suspend=False,
+        created_at=1764460800,
+    )
+    base.update(kw)
+    raw = {k: v for k, v in base.items() if k in RAW_FIELDS}
+    return TaskSpec(**base, raw={**raw, "name": name})  # type: ignore[arg-type]
+
+
+def test_ppo_argv_exact() -> None:
+    task = make_task("ppo", "ppo", steps=10, overrides=("data.train_batch_size=64",), override_lines=(12,))
+    folder = run_dir(task, CLUSTER)
+    sid = submission_id(task)
+    assert folder == f"/shared/users/alice/jobs/ppo/{sid}"
+    assert verl_argv(task, CLUSTER, run_dir=folder, wandb=False) == [
+        "python3",
+        "-m",
+        "verl.trainer.main_ppo",
+        f"actor_rollout_ref.model.path={MODEL}",
+        "data.train_files=/shared/users/alice/data/train.parquet",
+        "data.val_files=/shared/users/alice/data/val.parquet",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+        f"critic.model.path={MODEL}",
+        "critic.ppo_micro_batch_size_per_gpu=4",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=2",
+        "trainer.total_epochs=1",
+        "trainer.total_training_steps=10",
+        "trainer.project_name=alice",
+        "trainer.experiment_name=ppo",
+        f"trainer.default_local_dir={folder}/checkpoints",
+        "trainer.logger=[console]",
+        "trainer.save_freq=100",
+        "trainer.max_actor_ckpt_to_keep=2",
+        "trainer.max_critic_ckpt_to_keep=2",
+        "data.train_batch_size=64",
+    ]
+
+
+def test_grpo_argv_exact() -> None:
+    task = make_task("grpo", "grpo", nodes=2, gpus_per_node=8, epochs=3, data_val=None)
+    folder = run_dir(task, CLUSTER)
+    assert verl_argv(task, CLUSTER, run_dir=folder, wandb=True) == [
+        "python3",
+        "-m",
+        "verl.trainer.main_ppo",
+        f"actor_rollout_ref.model.path={MODEL}",
+        "data.train_files=/shared/users/alice/data/train.parquet",
+        # No validation set: verl's PPO trainer needs one, the train file stands in.
+        "data.val_files=/shared/users/alice/data/train.parquet",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.n=4",
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=8",
+        "trainer.total_epochs=3",
+        "trainer.project_name=alice",
+        "trainer.experiment_name=grpo",
+        f"trainer.default_local_dir={folder}/checkpoints",
+        "trainer.logger=[console,wandb]",
+        "trainer.save_freq=100",
+        "trainer.max_actor_ckpt_to_keep=2",
+        "trainer.max_critic_ckpt_to_keep=2",
+    ]
+
+
+def test_sft_argv_exact() -> None:
+    task = make_task("sft", "sft", gpus_per_node=1, data_val=None, overrides=("optim.lr=1e-5",), override_lines=(9,))
+    folder = run_dir(task, CLUSTER)
+    assert verl_argv(task, CLUSTER, run_dir=folder, wandb=False) == [
+        "python3",
+        "-m",
+        "verl.trainer.sft_trainer_ray",
+        f"model.path={MODEL}",
+        "data.train_files=/shared/users/alice/data/train.parquet",
+        "data.val_files=null",
+        "data.micro_batch_size_per_gpu=4",
+        "checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+        "trainer.total_epochs=1",
+        "trainer.project_name=alice",
+        "trainer.experiment_name=sft",
+        f"trainer.default_local_dir={folder}/checkpoints",
+        "trainer.logger=[console]",
+        "trainer.max_ckpt_to_keep=2",
+        "optim.lr=1e-5",
+    ]
+
+
+def test_verl_submission_body() -> None:
+    task = make_task("grpo", "grpo", env={"FOO": "task", "HF_HUB_OFFLINE": "0"})
+    body = job_submission(task, CLUSTER, revision="deadbeef", secrets_env={"WANDB_API_KEY": "k"})
+    sid = submission_id(task)
+    folder = f"/shared/users/alice/jobs/grpo/{sid}"
+    assert body["submission_id"] == sid
+    assert sid.startswith("argus-alice-grpo-") and len(sid.rsplit("-", 1)[1]) == 8
+    assert shlex.split(body["entrypoint"]) == verl_argv(task, CLUSTER, run_dir=folder, wandb=True)
+    assert "trainer.logger=[console,wandb]" in shlex.split(body["entrypoint"])
+    assert body["entrypoint_resources"] == {"worker_node": 1.0}
+    assert "entrypoint_num_gpus" not in body  # verl's workers take the GPUs, not the driver
+    assert body["runtime_env"] == {
+        "env_vars": {
+            "HF_HUB_OFFLINE": "0",  # task env wins over cluster env
+            "FOO": "task",
+            "ARGUS_RUN_DIR": folder,
+            "ARGUS_CHECKPOINT_DIR": f"{folder}/checkpoints",
+            "WANDB_API_KEY": "k",
+        }
+    }
+    assert body["metadata"] == {
+        "managed-by": "argus",
+        "argus-user": "alice",
+        "argus-task": "grpo",
+        "argus-spec-hash": task_spec_hash(task),
+        "argus-revision": "deadbeef",
+        "argus-run-dir": folder,
+        "argus-resources": '{"GPU":2.0,"worker_node":1.0}',
+        "argus-workload": "grpo",
+    }
+    assert all(isinstance(v, str) for v in body["metadata"].values())
+
+
+def test_command_submission_body() -> None:
+    task = make_task(
+        "command",
+        "ft",
+        gpus_per_node=2,
+        command='python train.py --out "$ARGUS_CHECKPOINT_DIR"',
+        working_dir="/shared/users/alice/code",
+    )
+    body = job_submission(task, CLUSTER, revision=None, secrets_env={})
+    folder = run_dir(task, CLUSTER)
+    assert body["entrypoint"] == 'python train.py --out "$ARGUS_CHECKPOINT_DIR"'
+    assert body["entrypoint_num_gpus"] == 2
+    assert body["entrypoint_resources"] == {"worker_node": 1.0}
+    assert body["runtime_env"]["working_dir"] == "local:///shared/users/alice/code"
+    assert body["runtime_env"]["env_vars"]["ARGUS_CHECKPOINT_DIR"] == f"{folder}/checkpoints"
+    assert body["metadata"]["argus-revision"] == ""
+    assert check_overrides(task, CLUSTER) == []
+
+
+def test_command_multi_node_refused() -> None:
+    task = make_task("command", "ft", nodes=2, command="true")
+    with pytest.raises(PermanentError, match="one node"):
+        job_submission(task, CLUSTER, revision=None, secrets_env={})
+
+
+def test_hydra_quoting_of_odd_paths() -> None:
+    task = make_task("sft", "sft", data_train="/shared/my data/it's,odd.parquet")
+    argv = verl_argv(task, CLUSTER, run_dir=run_dir(task, CLUSTER), wandb=False)
+    assert "data.train_files='/shared/my data/it\\'s,odd.parquet'" in argv
+    body = job_submission(task, CLUSTER, revision=None, secrets_env={})
+    assert shlex.split(body["entrypoint"])[1:] == argv[1:]
+
+
+needs_verl = pytest.mark.skipif(not verl_available(), reason="verl/hydra not installed")
+
+
+@needs_verl
+@pytest.mark.parametrize("workload", ["ppo", "grpo", "sft"])
+def test_derived_overrides_compose_with_verl(workload: str) -> None:
+    overrides = {
+        "ppo": ("data.train_batch_size=64", "+ray_kwargs.ray_init.num_cpus=4"),
+        "grpo": ("actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.use_kl_loss=true"),
+        "sft": ("optim.lr=1e-5", "data.max_length=2048"),
+    }[workload]
+    task = make_task(workload, workload, steps=5, overrides=overrides, override_lines=(10, 11))
+    assert check_overrides(task, CLUSTER) == []
+
+
+@needs_verl
+def test_typo_override_reported_with_line() -> None:
+    task = make_task(
+        "grpo",
+        "grpo",
+        overrides=("data.train_batch_size=64", "actor_rollout_ref.rollout.nme=vllm", "trainer.nnodess=2"),
+        override_lines=(14, 15, 16),
+    )
+    issues = check_overrides(task, CLUSTER)
+    assert [line for line, _ in issues] == [15, 16]
+    assert "actor_rollout_ref.rollout.nme" in issues[0][1]
+    assert "did you mean `actor_rollout_ref.rollout.name`" in issues[0][1]
+    assert "trainer.nnodes" in issues[1][1]
+
+
+@needs_verl
+def test_bad_override_syntax_and_sft_typo() -> None:
+    task = make_task("sft", "sft", overrides=("optim.lr=[1", "model.pth=/x"), override_lines=(7, 8))
+    issues = check_overrides(task, CLUSTER)
+    assert [line for line, _ in issues] == [7, 8]
+    assert "hydra syntax" in issues[0][1]
+    assert "model.pth" in issues[1][1] and "model.path" in issues[1][1]
+
+
+def test_unresolved_paths_refused() -> None:
+    task = replace(make_task("ppo"), model_path=None)
+    with pytest.raises(PermanentError):
+        job_submission(task, CLUSTER, revision=None, secrets_env={})
