@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from reconciler import faults
 from reconciler.apply.jobs import stop_job, submit_job
 from reconciler.apply.serve import apply_serve
 from reconciler.builders.jobs import job_submission
@@ -183,6 +184,7 @@ class Reconciler:
                 desired.tasks[action.key], desired.cluster, revision=result.revision, secrets_env=self.secrets_env
             )
             self._record(result, [action.key], self._try(partial(submit_job, self.dash, body)))
+            faults.point("after_submit")
 
     def _apply_serve(self, result: TickResult) -> None:
         """Send the whole owned app set in one PUT, only when it differs from what runs."""
@@ -204,6 +206,8 @@ class Reconciler:
             elif deployed is not None:
                 apps.append(deployed)  # carried through exactly as it runs
         error = self._try(lambda: setattr(result, "serve_put", apply_serve(self.dash, apps, serve, desired.cluster)))
+        if result.serve_put:
+            faults.point("serve_put")
         self._record(result, touched, error)
 
     @staticmethod

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from reconciler.plan.actions import Action, ActionType, Plan
-from reconciler.plan.actual import ActualJob, ActualModel, ActualState, Capacity, Resources, add, scale, sub
+from reconciler.plan.actual import ActualJob, ActualModel, ActualState, Capacity, Resources, scale, sub
 from reconciler.plan.demand import model_resources_per_replica, task_resources
 from reconciler.spec.hashing import model_spec_hash, submission_id, task_spec_hash
 from reconciler.spec.types import DesiredState, ObjectKey
@@ -74,7 +74,7 @@ def _plan_models(
     cluster = desired.cluster
     invalid = {k for k in desired.invalid if k.kind == "model"}
     jobs_by_key = _jobs_by_key(actual)
-    for key in sorted(set(desired.models) | set(actual.models) | invalid):
+    for key in sorted(set(desired.models) | set(actual.models) | invalid, key=_by_name):
         live = actual.models.get(key)
         if key in invalid:
             why = "kept as it runs" if live else "not deployed"
@@ -127,7 +127,7 @@ def _plan_tasks(
 ) -> None:
     invalid = {k for k in desired.invalid if k.kind == "task"}
     jobs_by_key = _jobs_by_key(actual)  # one pass: actual.jobs_of() per task is quadratic
-    for key in sorted(set(desired.tasks) | invalid | set(jobs_by_key)):
+    for key in sorted(set(desired.tasks) | invalid | set(jobs_by_key), key=_by_name):
         jobs = jobs_by_key.get(key, [])
         if key in invalid:
             running = any(j.active for j in jobs)
@@ -169,6 +169,11 @@ def _plan_tasks(
         cands.append(_Candidate(spec.created_at, action))
 
 
+def _by_name(key: ObjectKey) -> tuple[str, str, str]:
+    """ObjectKey's own order as a plain tuple (sorting 10,000 dataclasses by __lt__ is slow)."""
+    return (key.user, key.kind, key.name)
+
+
 def _jobs_by_key(actual: ActualState) -> dict[ObjectKey, list[ActualJob]]:
     out: dict[ObjectKey, list[ActualJob]] = {}
     for job in actual.jobs:
@@ -203,9 +208,12 @@ def free_capacity(actual: ActualState, capacity: Capacity) -> dict[str, float]:
     granted but have not placed yet, capped by total minus everything owned objects hold."""
     unplaced: dict[str, float] = {}
     committed: dict[str, float] = {}
-    for thing in _things(actual):
-        unplaced = add(unplaced, _positive(sub(thing.committed(), thing.placed())))
-        committed = add(committed, thing.committed())
+    for thing in _things(actual):  # in place: 10,000 owned objects must not build 40,000 dicts
+        held, placed = thing.committed(), thing.placed()
+        for k, v in held.items():
+            committed[k] = committed.get(k, 0.0) + v
+            if v > placed.get(k, 0.0):
+                unplaced[k] = unplaced.get(k, 0.0) + v - placed.get(k, 0.0)
     free = sub(capacity.available, unplaced)
     cap = sub(capacity.total, committed)
     return {k: max(0.0, min(v, cap.get(k, v))) for k, v in free.items()}
@@ -223,7 +231,7 @@ def _admit(
     for thing in _things(actual):
         used[thing.key.user] = used.get(thing.key.user, 0.0) + thing.committed().get("GPU", 0.0)
     blocked: dict[str, ObjectKey] = {}  # resource -> first object queued for lack of it
-    for cand in sorted(cands, key=lambda c: (c.created_at, c.action.key)):
+    for cand in sorted(cands, key=lambda c: (c.created_at, *_by_name(c.action.key))):
         action, user = cand.action, cand.action.key.user
         gpus = action.demand.get("GPU", 0.0)
         quota = desired.cluster.quota(user)

@@ -28,6 +28,11 @@ ROUTER_APP = "argus-router"
 LLM_DEPLOYMENT_PREFIX = "LLMServer:"
 REFRESH_INTERVAL_S = 2.0  # background refresh period
 MISS_REFRESH_MIN_S = 0.5  # an unknown model triggers a refresh at most this often
+LLM_CONFIG_TIMEOUT_S = 10.0  # bound on asking a new model's replica for its LLMConfig
+
+
+class ModelNotFound(OpenAIHTTPException):
+    """Unknown model id; Ray's error middleware reports the class name as the error type."""
 
 
 class ArgusIngress(OpenAiIngress):
@@ -75,7 +80,8 @@ class ArgusIngress(OpenAiIngress):
                 deployment = _llm_deployment(app.deployments)
                 if deployment is None:
                     continue
-                running = app.deployments[deployment].replica_states.get("RUNNING", 0)
+                states: dict[Any, int] = dict(app.deployments[deployment].replica_states)
+                running = states.get("RUNNING", 0)  # keys are ReplicaState, a str enum
                 if not running:
                     continue  # not routable yet (or any more); drop it below
                 seen.add(app_name)
@@ -89,7 +95,8 @@ class ArgusIngress(OpenAiIngress):
 
     async def _add_model(self, app_name: str, deployment: str, deployed_at: float) -> None:
         handle: DeploymentHandle = serve.get_deployment_handle(deployment, app_name=app_name)
-        llm_config = await handle.llm_config.remote()
+        # Bounded: a replica that does not answer must not stall the refresh (and requests).
+        llm_config = await asyncio.wait_for(handle.llm_config.remote(), timeout=LLM_CONFIG_TIMEOUT_S)
         if llm_config is None:
             return
         model_id = llm_config.model_id
@@ -115,10 +122,10 @@ class ArgusIngress(OpenAiIngress):
             if time.monotonic() - self._last_refresh > MISS_REFRESH_MIN_S:
                 await self._refresh()
             if model not in self._model_cards:
-                raise OpenAIHTTPException(
+                raise ModelNotFound(
                     status_code=http_status.HTTP_404_NOT_FOUND,
                     message=f"The model `{model}` does not exist or is not ready.",
-                    type="NotFoundError",
+                    type="ModelNotFound",
                 )
         return await super()._get_model_id(model)
 
@@ -147,4 +154,4 @@ def build_router(args: dict[str, Any] | None = None) -> Application:
         num_replicas=1,
         max_ongoing_requests=1000,
         ray_actor_options={"num_cpus": 0},
-    ).bind()
+    ).bind()  # type: ignore[attr-defined]

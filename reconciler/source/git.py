@@ -83,7 +83,9 @@ class GitRepo:
             if path.startswith(_RELEVANT):
                 entries.append((path, mode, blob))
         known = set(cache.entries) if cache is not None else set()
-        wanted = [b for p, m, b in entries if m != "120000" and (p, b) not in known and b not in self.blobs]
+        # Symlinks (120000) and gitlinks (160000: a submodule's commit, absent here) are not read.
+        readable = [(p, b) for p, m, b in entries if m != "120000" and not m.startswith("160")]
+        wanted = [b for p, b in readable if (p, b) not in known and b not in self.blobs]
         self._read_blobs(wanted)
         files = [
             SourceFile(

@@ -128,12 +128,13 @@ class SignatureVerifier:
         )
 
     def _apply(self, tree: TrustedTree, commit: str, changes: list[tuple[str, Entry | None]]) -> None:
-        relevant = [c for c in changes if self._relevant(c[0], tree.settings)]
-        if not relevant:
-            return
-        signer = self._signer(commit, tree) if tree.settings.enabled else None
-        for path, entry in relevant:
-            why = self._refuse(path, signer, tree.settings) if tree.settings.enabled else None
+        # Every path is tracked (the allowed-signers file may be any path); only protected
+        # ones need a signature.
+        guarded = tree.settings.enabled and any(self._relevant(path, tree.settings) for path, _ in changes)
+        signer = self._signer(commit, tree) if guarded else None
+        for path, entry in changes:
+            protected = guarded and self._relevant(path, tree.settings)
+            why = self._refuse(path, signer, tree.settings) if protected else None
             if why is not None:
                 tree.rejections.append(Rejection(commit, path, why))
                 continue
@@ -141,7 +142,8 @@ class SignatureVerifier:
                 tree.entries.pop(path, None)
             else:
                 tree.entries[path] = entry
-        tree.settings = _settings(self.repo, tree.entries, tree.settings)
+        if any(path == "cluster.yaml" for path, _ in changes):
+            tree.settings = _settings(self.repo, tree.entries, tree.settings)
 
     @staticmethod
     def _relevant(path: str, settings: _Settings) -> bool:

@@ -26,8 +26,11 @@ def model_spec_hash(model: ModelSpec, cluster: ClusterSpec, checkpoint: str | No
     Uses the ``source`` as written (so an offline plan agrees with the cluster), plus the
     resolved checkpoint for ``task:`` sources (a new successful run redeploys the model).
     """
+    memo = model.__dict__.get("_argus_hash")  # (cluster, checkpoint, digest): see _remember
+    if memo is not None and memo[0] is cluster and memo[1] == checkpoint:
+        return memo[2]  # type: ignore[no-any-return]
     serving = cluster.serving
-    return stable_hash(
+    digest = stable_hash(
         {
             "served_name": model.served_name,
             "source": model.source,
@@ -40,6 +43,8 @@ def model_spec_hash(model: ModelSpec, cluster: ClusterSpec, checkpoint: str | No
             "cpus_per_replica": serving.cpus_per_replica,
         }
     )[:16]
+    _remember(model, (cluster, checkpoint, digest))
+    return digest
 
 
 def task_spec_hash(task: TaskSpec) -> str:
@@ -48,8 +53,22 @@ def task_spec_hash(task: TaskSpec) -> str:
     Cluster settings are deliberately left out: editing cluster.yaml must not re-run
     every finished training task.
     """
+    memo = task.__dict__.get("_argus_hash")
+    if memo is not None:
+        return memo  # type: ignore[no-any-return]
     spec: Mapping[str, object] = {k: v for k, v in task.raw.items() if k not in ("suspend", "kind")}
-    return stable_hash(spec)[:16]
+    digest = stable_hash(spec)[:16]
+    _remember(task, digest)
+    return digest
+
+
+def _remember(spec: ModelSpec | TaskSpec, memo: object) -> None:
+    """Memoise a hash on the (frozen, immutable) spec object, as functools.cached_property does.
+
+    The loader reuses unchanged objects between plans, so a re-plan after one changed file
+    hashes one object, not 10,000. ``dataclasses.replace`` builds a new object: no stale memo.
+    """
+    object.__setattr__(spec, "_argus_hash", memo)
 
 
 def submission_id(task: TaskSpec) -> str:

@@ -57,6 +57,13 @@ class ParseCache:
 
     entries: dict[tuple[str, str], tuple[Document | None, list[Issue]]] = field(default_factory=dict)
     parsed: int = 0  # how many files were actually parsed (for benchmarks)
+    # Offline only (fs=None: the result is a pure function of the key): built objects by
+    # (path, blob, created, cluster.yaml blob, task check, task-source present), and the
+    # ClusterSpec by cluster.yaml blob, so that unchanged objects (and their memoised spec
+    # hashes, see reconciler.spec.hashing) are reused as they are by the next load.
+    built: dict[tuple[object, ...], tuple[ModelSpec | TaskSpec | None, list[Issue]]] = field(default_factory=dict)
+    clusters: dict[str, ClusterSpec] = field(default_factory=dict)
+    keys: dict[str, tuple[ObjectKey | None, str | None]] = field(default_factory=dict)
 
 
 def load(
@@ -85,7 +92,8 @@ def load(
     if "cluster.yaml" in by_path:
         cluster_doc, cluster_issues = _parse_checked(by_path["cluster.yaml"], "Cluster", cache)
         if cluster_doc is not None and not cluster_issues:
-            cluster = cluster_from(cluster_doc.data)
+            blob = by_path["cluster.yaml"].blob
+            cluster = cache.clusters.get(blob) or cache.clusters.setdefault(blob, cluster_from(cluster_doc.data))
         else:
             cluster_valid = False
         issues.extend(cluster_issues)
@@ -95,7 +103,8 @@ def load(
     for path in sorted(by_path):
         if not path.startswith("users/"):
             continue
-        key, problem = classify(path)
+        hit = cache.keys.get(path)
+        key, problem = hit if hit is not None else cache.keys.setdefault(path, classify(path))
         if key is None:
             if problem:
                 issues.append(Issue(path, 0, problem))
@@ -118,9 +127,28 @@ def load(
     state = DesiredState(cluster=cluster, cluster_valid=cluster_valid, revision=revision, approve_prune=approve_prune)
     state.invalid.update(undeclared)
     task_names = {(k.user, k.name) for k in objects if k.kind == "task"}
+    cluster_blob = by_path["cluster.yaml"].blob if "cluster.yaml" in by_path else None
+    used: list[tuple[object, ...]] = []
     for key, file in objects.items():
         doc, file_issues = _parse_checked(file, KIND_OF_FOLDER[key.kind + "s"], cache)
         when = created.get(file.path, default_time)
+        memo: tuple[object, ...] | None = None
+        if fs is None and doc is not None and not file_issues:
+            source = doc.data.get("source")
+            has_task = isinstance(source, str) and source.startswith("task:") and (key.user, source[5:]) in task_names
+            memo = (file.path, file.blob, when, cluster_blob, id(task_check) if task_check else None, has_task)
+            used.append(memo)
+            built = cache.built.get(memo)
+            if built is not None:
+                spec, file_issues = built
+                if isinstance(spec, ModelSpec):
+                    state.models[key] = spec
+                elif isinstance(spec, TaskSpec):
+                    state.tasks[key] = spec
+                if file_issues:
+                    state.invalid[key] = file_issues
+                    issues.extend(file_issues)
+                continue
         if doc is not None and not file_issues:
             try:
                 if key.kind == "model":
@@ -133,9 +161,13 @@ def load(
                         state.tasks[key] = task
             except Exception as exc:  # pragma: no cover - a bug must not take down other users
                 file_issues = [Issue(file.path, 0, f"internal error while loading: {exc!r}")]
+            if memo is not None:
+                cache.built[memo] = (state.models.get(key) or state.tasks.get(key), file_issues)
         if file_issues:
             state.invalid[key] = file_issues
             issues.extend(file_issues)
+    if len(cache.built) > 2 * len(used) + 1024:  # bound the memo to about what this tree uses
+        cache.built = {k: cache.built[k] for k in used if k in cache.built}
     state.issues = sorted(set(issues))
     return state
 

@@ -108,10 +108,16 @@ def parse(path: str, content: bytes) -> Document:
     return doc
 
 
+_PLAIN_TAGS = {SequenceNode: "tag:yaml.org,2002:seq", MappingNode: "tag:yaml.org,2002:map"}
+
+
 def _convert(node: Node, where: JsonPath, doc: Document, loader: yaml.SafeLoader) -> Any:
     doc.lines.setdefault(where, node.start_mark.line + 1)
     if isinstance(node, ScalarNode):
         return loader.construct_object(node, deep=True)
+    if type(node) in _PLAIN_TAGS and node.tag != _PLAIN_TAGS[type(node)]:
+        # safe_load would refuse `!!python/...` on a list or mapping (or build a set/omap); never ignore a tag.
+        raise YamlError(Issue(doc.path, node.start_mark.line + 1, f"invalid YAML: the tag {node.tag!r} is not allowed"))
     if isinstance(node, SequenceNode):
         return [_convert(item, (*where, i), doc, loader) for i, item in enumerate(node.value)]
     if isinstance(node, MappingNode):

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from reconciler import faults
 from reconciler.source.git import git
 
 AUTHOR = {
@@ -102,6 +103,7 @@ def commit_tree(repo: str, branch: str, files: Mapping[str, bytes], message: str
             .stdout.decode()
             .strip()
         )
+    faults.point("status_commit")  # objects written, ref not yet moved
     git(repo, "update-ref", f"refs/heads/{branch}", commit, parent or "0" * 40)
     return commit
 

@@ -7,6 +7,7 @@ stopped by killing exactly that process group.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -88,27 +89,75 @@ class RayHead:
         """Base URL of the Serve HTTP proxy, once Serve is started with ``serve_port``."""
         return f"http://127.0.0.1:{self.serve_port}"
 
-    def stop(self, grace_s: float = 20.0) -> None:
-        """Kill the head's process group (SIGTERM, then SIGKILL after ``grace_s``)."""
-        if self.process.poll() is None:
-            _signal_group(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        # Workers may outlive `ray start`; they share its process group.
+    def stop(self) -> None:
+        """Kill the head and every process it started, Serve replicas and vLLM engines included.
+
+        Ray workers call setsid(), so killing the head's process group is not enough, and
+        once the raylet dies they are re-parented away from it. The whole process tree is
+        therefore frozen (SIGSTOP, so nothing new is spawned), collected, then killed.
+        """
+        frozen: set[int] = set()
+        while True:
+            tree = _descendants(self.process.pid) | {self.process.pid}
+            new = tree - frozen
+            if not new:
+                break
+            for pid in new:
+                _signal(pid, signal.SIGSTOP)
+            frozen |= new
+        for pid in frozen:
+            _signal(pid, signal.SIGKILL)
         _signal_group(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+        # Wait for the kills to land, so the caller can delete temp_dir without a race.
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in frozen) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def _descendants(root: int) -> set[int]:
+    """PIDs of all living descendants of ``root`` (from /proc; Linux only)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
         try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command name may contain spaces or parentheses: parse after the last ')'.
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def start_head(

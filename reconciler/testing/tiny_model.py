@@ -17,12 +17,13 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 TINY_REPO = "argus-test/tiny-llama"
 MINILM_REPO = "sentence-transformers/all-MiniLM-L6-v2"
 
 # head_dim 16 is rejected by vLLM's CPU attention; 64 works (hidden 128 / 2 heads).
-LLAMA_CONFIG = {
+LLAMA_CONFIG: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
     "hidden_size": 128,
@@ -62,7 +63,7 @@ _CORPUS = [
 _SPECIAL = ["<pad>", "<s>", "</s>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>"]
 
 
-def _train_tokenizer(vocab_size: int = 512):  # -> tokenizers.Tokenizer
+def _train_tokenizer(vocab_size: int = 512) -> Any:  # a tokenizers.Tokenizer
     """Train a byte-level BPE tokenizer on a few sentences (ids 0-2: pad, bos, eos)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -85,7 +86,7 @@ def _write_model(folder: Path, seed: int) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     tok = _train_tokenizer()
-    fast = PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         bos_token="<s>",
         eos_token="</s>",
@@ -98,7 +99,8 @@ def _write_model(folder: Path, seed: int) -> None:
 
     config = LlamaConfig(**{**LLAMA_CONFIG, "vocab_size": len(tok.get_vocab())})
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model: Any = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
+    model = model.to(torch.bfloat16)
     model.save_pretrained(folder, safe_serialization=True)
     (folder / "generation_config.json").write_text(
         json.dumps({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}, indent=2)

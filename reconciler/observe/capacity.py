@@ -1,0 +1,67 @@
+"""Observe the cluster's total and available Ray resources through the dashboard. I/O.
+
+Ray 2.60's dashboard has no single JSON endpoint with both in raw resource names:
+``GET /api/v0/nodes`` lists each alive node's ``resources_total`` (raw names), and
+``GET /api/cluster_status`` reports ``[used, total]`` per resource with placement-group
+reservations counted as used, but with keys camel-cased (``worker_node`` -> ``workerNode``).
+Used amounts are matched back to raw names by camel-casing the raw names the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from reconciler.dashboard import Dashboard
+from reconciler.errors import RayUnavailable
+from reconciler.plan.actual import Capacity
+
+NODES_PATH = "/api/v0/nodes?detail=1&limit=10000"
+CLUSTER_STATUS_PATH = "/api/cluster_status"
+# Bookkeeping resources that no argus object asks for.
+_IGNORED = frozenset({"memory", "object_store_memory"})
+
+
+def observe_capacity(dash: Dashboard) -> Capacity:
+    """Return total and available resources of all alive nodes (placement groups count as used).
+
+    Raises RayUnavailable when the dashboard cannot be reached or answers without data,
+    DashboardError on an HTTP error.
+    """
+    nodes = dash.get(NODES_PATH)
+    status = dash.get(CLUSTER_STATUS_PATH)
+    try:
+        node_list = nodes["data"]["result"]["result"]
+        usage = status["data"]["clusterStatus"]["loadMetricsReport"]["usage"]
+    except (KeyError, TypeError) as exc:
+        raise RayUnavailable(f"dashboard answered without cluster resources: {exc!r}") from exc
+    return parse_capacity(node_list, usage)
+
+
+def parse_capacity(nodes: list[Mapping[str, Any]], usage: Mapping[str, Any]) -> Capacity:
+    """Combine node totals and camel-cased ``[used, total]`` usage into a Capacity. Pure."""
+    total: dict[str, float] = {}
+    for node in nodes:
+        if node.get("state") != "ALIVE":
+            continue
+        for name, value in (node.get("resources_total") or {}).items():
+            if _counted(name):
+                total[name] = total.get(name, 0.0) + float(value)
+    available: dict[str, float] = {}
+    for name, value in total.items():
+        used_total = usage.get(_camel(name)) or usage.get(name) or [0.0, value]
+        used = float(used_total[0])
+        available[name] = max(0.0, round(value - used, 6))
+    return Capacity(total=total, available=available)
+
+
+def _counted(name: str) -> bool:
+    # node:<ip> / node:__internal_head__ are per-node markers; *_group_* are placement-group
+    # resources already counted in the base resource's usage.
+    return not (name in _IGNORED or name.startswith("node:") or "_group_" in name)
+
+
+def _camel(name: str) -> str:
+    """The dashboard's key conversion (``ray.dashboard.utils.to_camel_case``)."""
+    first, *rest = name.split("_")
+    return first + "".join(part.title() for part in rest)

@@ -1,0 +1,204 @@
+"""Observe Ray Serve through the dashboard's REST API: owned models, every app's config. I/O.
+
+One ``GET /api/serve/applications/`` gives everything: each application's status and
+``deployed_app_config`` (exactly what the last PUT sent for it), each deployment's replicas
+and the running instance's ``http_options``/``proxy_location``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from reconciler.builders.serve import LLM_DEPLOYMENT_PREFIX, OWNED_PREFIX, ROUTER_APP, is_owned_app
+from reconciler.dashboard import Dashboard
+from reconciler.plan.actual import ActualModel
+from reconciler.spec.types import ClusterSpec, ObjectKey
+
+SERVE_APPS_PATH = "/api/serve/applications/"
+
+
+@dataclass(frozen=True)
+class ServeObservation:
+    """What Serve runs now.
+
+    ``apps``: the ``deployed_app_config`` of every declaratively deployed application
+    (owned and foreign), by name; ``statuses``: every application's status (imperative
+    ``serve.run`` apps too); ``building``: apps whose code is still being imported and built
+    (a PUT that includes them restarts that build, even with an unchanged config);
+    ``imperative``: apps deployed with ``serve.run`` (no config; a PUT never touches them);
+    ``http_options``/``proxy_location``: those of the running Serve instance (None before
+    Serve starts); ``replica_ids``: RUNNING replica ids per application, for tests and logs.
+    """
+
+    models: dict[ObjectKey, ActualModel] = field(default_factory=dict)
+    apps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    statuses: dict[str, str] = field(default_factory=dict)
+    messages: dict[str, str] = field(default_factory=dict)
+    building: frozenset[str] = frozenset()
+    building_since: dict[str, float] = field(default_factory=dict)
+    imperative: frozenset[str] = frozenset()
+    replica_ids: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    http_options: dict[str, Any] | None = None
+    proxy_location: str | None = None
+
+    @property
+    def serve_running(self) -> bool:
+        """True once a Serve instance (controller) exists on the cluster."""
+        return self.http_options is not None
+
+    def foreign_apps(self) -> dict[str, dict[str, Any]]:
+        """Declarative apps argus does not own, as deployed (to carry through a PUT unchanged)."""
+        return {n: a for n, a in self.apps.items() if not is_owned_app(n)}
+
+    @property
+    def router_status(self) -> str | None:
+        return self.statuses.get(ROUTER_APP)
+
+    def settings_mismatch(self, cluster: ClusterSpec) -> list[str]:
+        """Messages for cluster.yaml serving settings the running Serve instance does not use.
+
+        Serve reads ``http_options`` and ``proxy_location`` only when it first starts; changing
+        them needs ``serve shutdown`` (which stops every application) by an admin.
+        """
+        if not self.serve_running:
+            return []
+        out = []
+        port = (self.http_options or {}).get("port")
+        if port != cluster.serving.http_port:
+            out.append(
+                f"serving.http_port is {cluster.serving.http_port} but Serve listens on {port}: "
+                "Serve reads it only at first start (restart Serve to change it)"
+            )
+        if self.proxy_location is not None and self.proxy_location != cluster.serving.proxy_location:
+            out.append(
+                f"serving.proxy_location is {cluster.serving.proxy_location} but Serve runs with "
+                f"{self.proxy_location}: Serve reads it only at first start (restart Serve to change it)"
+            )
+        return out
+
+
+def observe_serve(dash: Dashboard) -> ServeObservation:
+    """Read Serve's state. Raises RayUnavailable / DashboardError from the dashboard client."""
+    return parse_serve_details(dash.get(SERVE_APPS_PATH) or {})
+
+
+def parse_serve_details(details: Mapping[str, Any]) -> ServeObservation:
+    """Turn a ``GET /api/serve/applications/`` body into a :class:`ServeObservation`. Pure."""
+    models: dict[ObjectKey, ActualModel] = {}
+    apps: dict[str, dict[str, Any]] = {}
+    statuses: dict[str, str] = {}
+    messages: dict[str, str] = {}
+    building: set[str] = set()
+    building_since: dict[str, float] = {}
+    imperative: set[str] = set()
+    replica_ids: dict[str, tuple[str, ...]] = {}
+    for name, app in (details.get("applications") or {}).items():
+        statuses[name] = str(app.get("status", ""))
+        messages[name] = str(app.get("message") or "")
+        deployments: Mapping[str, Any] = app.get("deployments") or {}
+        replica_ids[name] = tuple(
+            r.get("replica_id", "")
+            for d in deployments.values()
+            for r in d.get("replicas") or []
+            if r.get("state") == "RUNNING"
+        )
+        config = app.get("deployed_app_config")
+        if app.get("source") == "imperative" or config is None:
+            imperative.add(name)
+            continue
+        if statuses[name] == "DEPLOYING" and not deployments:
+            # The build task (import + builder call) has not produced deployments yet.
+            building.add(name)
+            building_since[name] = float(app.get("last_deployed_time_s") or 0.0)
+        apps[name] = copy.deepcopy(config)
+        if name.startswith(OWNED_PREFIX):
+            model = _actual_model(name, app, config)
+            if model is not None:
+                models[model.key] = model
+    return ServeObservation(
+        models=models,
+        apps=apps,
+        statuses=statuses,
+        messages=messages,
+        building=frozenset(building),
+        building_since=building_since,
+        imperative=frozenset(imperative),
+        replica_ids=replica_ids,
+        http_options=details.get("http_options"),
+        proxy_location=details.get("proxy_location"),
+    )
+
+
+def _actual_model(name: str, app: Mapping[str, Any], config: Mapping[str, Any]) -> ActualModel | None:
+    """The :class:`ActualModel` of one owned app; None when the name has no user/model part."""
+    args = config.get("args") or {}
+    meta = args.get("argus") or {}
+    llm = args.get("llm_config") or {}
+    user, model_name = meta.get("user"), meta.get("name")
+    if not (user and model_name):
+        # No metadata (hand-made or older app): recover the key from the name; an empty
+        # spec hash makes the planner redeploy it with proper metadata.
+        parts = name[len(OWNED_PREFIX) :].split("--", 1)
+        if len(parts) != 2 or not all(parts):
+            return None
+        user, model_name = parts
+    served = meta.get("served_name") or (llm.get("model_loading_config") or {}).get("model_id", "")
+    deployments: Mapping[str, Any] = app.get("deployments") or {}
+    llm_dep = _llm_deployment(deployments)
+    ready = 0
+    message = str(app.get("message") or "")
+    if llm_dep is not None:
+        dep = deployments[llm_dep]
+        ready = sum(1 for r in dep.get("replicas") or [] if r.get("state") == "RUNNING")
+        dep_message = str(dep.get("message") or "")
+        if dep_message and dep_message not in message:
+            # e.g. "...replicas that have taken more than 30s to be scheduled..." (no resources)
+            message = f"{message}\n{dep_message}".strip()
+    return ActualModel(
+        key=ObjectKey(user, "model", model_name),
+        served_name=str(served),
+        spec_hash=str(meta.get("spec_hash", "")),
+        replicas=_target_replicas(config, llm),
+        ready_replicas=ready,
+        status=str(app.get("status", "")),
+        message=message,
+        resources_per_replica=resources_per_replica(llm),
+    )
+
+
+def _llm_deployment(deployments: Mapping[str, Any]) -> str | None:
+    for dep_name in deployments:
+        if dep_name.startswith(LLM_DEPLOYMENT_PREFIX):
+            return dep_name
+    return next(iter(deployments)) if len(deployments) == 1 else None
+
+
+def _target_replicas(config: Mapping[str, Any], llm: Mapping[str, Any]) -> int:
+    """``num_replicas`` of the app-level override, else of the LLMConfig, else 1."""
+    for dep in config.get("deployments") or []:
+        if str(dep.get("name", "")).startswith(LLM_DEPLOYMENT_PREFIX) and isinstance(dep.get("num_replicas"), int):
+            return int(dep["num_replicas"])
+    value = (llm.get("deployment_config") or {}).get("num_replicas", 1)
+    return int(value) if isinstance(value, (int, float)) else 1
+
+
+def resources_per_replica(llm_config: Mapping[str, Any]) -> dict[str, float]:
+    """Ray resources one replica reserves, from its LLMConfig arguments. Pure.
+
+    Ray Serve LLM reserves the placement-group bundles plus the replica actor's own
+    resources (``ray_actor_options``, 1 CPU unless set; argus sets 0). Zero entries are dropped.
+    """
+    out: dict[str, float] = {}
+    pg = llm_config.get("placement_group_config") or {}
+    for bundle in pg.get("bundles") or []:
+        for key, value in bundle.items():
+            out[key] = out.get(key, 0.0) + float(value)
+    actor = (llm_config.get("deployment_config") or {}).get("ray_actor_options") or {}
+    out["CPU"] = out.get("CPU", 0.0) + float(actor.get("num_cpus", 1))
+    out["GPU"] = out.get("GPU", 0.0) + float(actor.get("num_gpus", 0))
+    for key, value in (actor.get("resources") or {}).items():
+        out[key] = out.get(key, 0.0) + float(value)
+    return {k: v for k, v in out.items() if v}

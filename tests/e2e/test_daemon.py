@@ -1,0 +1,343 @@
+"""The daemon end to end: real git (a bare repository users push to), a real Ray head,
+Ray Serve + vLLM CPU, the daemon as a subprocess (``argus run``), the official OpenAI client.
+
+Tests run in file order and share one daemon history: deploy by push, broken push, idle,
+webhooks, kill -9 at named points, signed commits, delete by push.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reconciler.dashboard import Dashboard
+from reconciler.observe.serve import observe_serve
+from reconciler.spec.types import ObjectKey
+from reconciler.status.branch import read_documents
+from reconciler.testing.ray_head import RayHead, free_port
+from tests.support import ConfigRepo, cluster_yaml, git, model_yaml
+
+pytestmark = pytest.mark.e2e
+
+SECRET = "s3cret-webhook"
+MODEL = "users/carol/models/chat.yaml"
+TASK = "users/carol/tasks/sleepy.yaml"
+KEY = ObjectKey("carol", "model", "chat")
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 300.0, every: float = 1.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+class DaemonProc:
+    """``argus run`` as a subprocess in its own session (so kill -9 hits exactly it)."""
+
+    def __init__(self, repo: ConfigRepo, head: RayHead, log_dir: Path) -> None:
+        self.repo, self.head, self.log_dir = repo, head, log_dir
+        self.listen = f"127.0.0.1:{free_port()}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self, fault: str | None = None) -> None:
+        self.starts += 1
+        env = {**os.environ, "ARGUS_WEBHOOK_SECRET": SECRET}
+        env.pop("ARGUS_FAULT", None)
+        if fault:
+            env["ARGUS_FAULT"] = fault
+        log = open(self.log_dir / f"daemon-{self.starts}.log", "wb")  # noqa: SIM115 - kept open for the process
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "reconciler.cli",
+                "run",
+                "--repo",
+                str(self.repo.bare),
+                "--ray",
+                self.head.dashboard_url,
+                "--listen",
+                self.listen,
+                "--observe-interval",
+                "1",
+                "--endpoint",
+                self.head.serve_url + "/v1",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_for(self.healthy_or_dead, "daemon HTTP server", timeout=60)
+
+    def healthy_or_dead(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            return True
+        try:
+            urllib.request.urlopen(f"http://{self.listen}/metrics", timeout=2).read()
+            return True
+        except OSError:
+            return False
+
+    def wait_killed(self, timeout: float = 300.0) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log(self) -> str:
+        return (self.log_dir / f"daemon-{self.starts}.log").read_text(errors="replace")
+
+
+@dataclass
+class Env:
+    repo: ConfigRepo
+    daemon: DaemonProc
+    dash: Dashboard
+    head: RayHead
+    hf_cache: Path
+    users: Path
+
+
+@pytest.fixture(scope="module")
+def env(ray_head: RayHead, tiny_llama: Path, hf_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    root = tmp_path_factory.mktemp("daemon")
+    users = root / "users"
+    (users / "carol").mkdir(parents=True)
+    repo = ConfigRepo(root)
+    repo.write("cluster.yaml", cluster_yaml(hf_cache, users, ray_head.serve_port))
+    daemon = DaemonProc(repo, ray_head, root)
+    dash = Dashboard(ray_head.dashboard_url)
+    daemon.start()
+    try:
+        yield Env(repo, daemon, dash, ray_head, hf_cache, users)
+    finally:
+        daemon.stop()
+        _remove_owned_apps(dash)
+
+
+def _remove_owned_apps(dash: Dashboard) -> None:
+    """Leave the shared Serve instance as other test modules expect it: no argus model apps."""
+    obs = observe_serve(dash)
+    keep = [a for n, a in obs.apps.items() if not n.startswith("argus--")]
+    body: dict[str, Any] = {"applications": keep}
+    if obs.http_options:
+        body["http_options"] = obs.http_options
+    dash.put("/api/serve/applications/", body)
+
+
+def status(repo: ConfigRepo, path: str = MODEL) -> dict[str, Any]:
+    return read_documents(str(repo.bare), "argus/status").get(path) or {}
+
+
+def replica_ids(dash: Dashboard, app: str = "argus--carol--chat") -> tuple[str, ...]:
+    return observe_serve(dash).replica_ids.get(app, ())
+
+
+def owned_jobs(dash: Dashboard, sid_prefix: str) -> list[dict[str, Any]]:
+    return [j for j in dash.get("/api/jobs/") if str(j.get("submission_id", "")).startswith(sid_prefix)]
+
+
+def test_push_deploys_model_and_status_shows_running(env: Env) -> None:
+    repo, dash = env.repo, env.dash
+    repo.write(MODEL, model_yaml("argus-test/tiny-llama"))
+    repo.commit_push("carol: deploy chat")
+    doc = wait_for(
+        lambda: status(repo).get("state") == "RUNNING" and status(repo)["replicas"]["ready"] == 1 and status(repo),
+        "chat RUNNING on the status branch",
+    )
+    served = doc["served_name"]
+    assert served.startswith("carol-") and served.endswith("-chat")
+    assert "argus--carol--chat" in observe_serve(dash).apps
+    readme = git(repo.bare, "show", "argus/status:README.md")
+    assert served in readme and "| carol | model | chat | RUNNING |" in readme
+
+    import openai
+
+    client = openai.OpenAI(base_url=env.head.serve_url + "/v1", api_key="none", max_retries=0, timeout=60)
+    wait_for(lambda: served in [m.id for m in client.models.list().data], "router lists the model", timeout=60)
+    reply = client.chat.completions.create(model=served, messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+    assert reply.choices[0].message.content is not None
+
+
+def test_broken_push_is_noted_and_running_model_untouched(env: Env) -> None:
+    repo, dash = env.repo, env.dash
+    before = replica_ids(dash)
+    assert before
+    repo.write(MODEL, "kind: Model\nsource: argus-test/tiny-llama\nreplicas: two\n")
+    sha = repo.commit_push("carol: typo")
+    note = wait_for(lambda: repo.note(sha), "a note on the broken commit", timeout=60)
+    assert f"{MODEL}:3: replicas: expected an integer" in note
+    assert status(repo)["sync"] == "Invalid" and status(repo)["state"] == "RUNNING"
+    assert replica_ids(dash) == before
+    repo.write(MODEL, model_yaml("argus-test/tiny-llama"))
+    repo.commit_push("carol: fix typo")
+    wait_for(lambda: status(repo).get("sync") == "Synced", "Synced again", timeout=60)
+    assert replica_ids(dash) == before
+
+
+def test_idle_makes_no_status_commits(env: Env) -> None:
+    repo = env.repo
+    time.sleep(3)  # let the last transition settle
+    count = repo.status_commits()
+    time.sleep(60)
+    assert repo.status_commits() == count
+
+
+def _post_hook(daemon: DaemonProc, body: bytes, headers: dict[str, str]) -> int:
+    req = urllib.request.Request(f"http://{daemon.listen}/hooks/git", data=body, method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_webhook_signatures(env: Env) -> None:
+    daemon = env.daemon
+    body = json.dumps({"ref": "refs/heads/main"}).encode()
+    good = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+    assert _post_hook(daemon, body, {"X-Hub-Signature-256": good, "Content-Type": "application/json"}) == 202
+    assert _post_hook(daemon, body, {"X-Hub-Signature-256": "sha256=" + "0" * 64}) == 401
+    assert _post_hook(daemon, body, {"X-Gitlab-Token": "wrong"}) == 401
+    assert _post_hook(daemon, body, {}) == 401
+    assert _post_hook(daemon, body, {"X-Gitlab-Token": SECRET}) == 202
+    metrics = urllib.request.urlopen(f"http://{daemon.listen}/metrics", timeout=5).read().decode()
+    assert 'argus_errors_total{kind="webhook_signature"} 3' in metrics
+    assert "argus_reconcile_duration_seconds_count" in metrics
+    assert 'argus_objects{kind="model",state="RUNNING"} 1' in metrics
+
+
+def _task_yaml(seconds: int, run: int = 1) -> dict[str, Any]:
+    return {"kind": "Task", "workload": "command", "command": f"sleep {seconds}", "gpus_per_node": 1, "run": run}
+
+
+def test_kill9_after_submit_never_duplicates_the_job(env: Env) -> None:
+    repo, daemon, dash = env.repo, env.daemon, env.dash
+    daemon.stop()
+    daemon.start(fault="after_submit")
+    repo.write(TASK, _task_yaml(2))
+    repo.commit_push("carol: a task")
+    assert daemon.wait_killed(timeout=60) == -signal.SIGKILL
+    assert len(owned_jobs(dash, "argus-carol-sleepy-")) == 1
+    daemon.start()
+    wait_for(lambda: status(repo, TASK).get("state") in ("RUNNING", "SUCCEEDED", "PENDING"), "task status", timeout=60)
+    wait_for(lambda: status(repo, TASK).get("state") == "SUCCEEDED", "task SUCCEEDED", timeout=120)
+    time.sleep(3)
+    assert len(owned_jobs(dash, "argus-carol-sleepy-")) == 1
+
+
+def test_kill9_during_serve_put_loses_and_restarts_nothing(env: Env) -> None:
+    repo, daemon, dash = env.repo, env.daemon, env.dash
+    first = replica_ids(dash)
+    daemon.stop()
+    daemon.start(fault="serve_put")
+    repo.write(MODEL, model_yaml("argus-test/tiny-llama", replicas=2))
+    repo.commit_push("carol: scale to 2")
+    assert daemon.wait_killed(timeout=60) == -signal.SIGKILL
+    daemon.start()
+    wait_for(
+        lambda: status(repo).get("replicas", {}).get("ready") == 2 and status(repo)["sync"] == "Synced",
+        "2 replicas ready",
+        timeout=300,
+    )
+    assert set(first) <= set(replica_ids(dash)), "the first replica must not be restarted by a scale-up"
+
+
+def test_kill9_during_status_commit_converges(env: Env) -> None:
+    repo, daemon, dash = env.repo, env.daemon, env.dash
+    ids = replica_ids(dash)
+    jobs = len(owned_jobs(dash, "argus-carol-"))
+    daemon.stop()
+    daemon.start(fault="status_commit")
+    repo.write(TASK, _task_yaml(1, run=2))
+    sha = repo.commit_push("carol: run the task again")
+    assert daemon.wait_killed(timeout=60) == -signal.SIGKILL
+    daemon.start()
+    wait_for(
+        lambda: status(repo, TASK).get("revision", {}).get("last_attempted") == sha,
+        "status of the new commit",
+        timeout=30,
+    )
+    assert len(owned_jobs(dash, "argus-carol-")) == jobs + 1
+    assert replica_ids(dash) == ids
+
+
+def test_push_deleting_the_model_removes_it(env: Env) -> None:
+    repo, dash = env.repo, env.dash
+    repo.remove(MODEL)
+    repo.commit_push("carol: delete chat")
+    wait_for(lambda: "argus--carol--chat" not in observe_serve(dash).apps, "app gone from Serve", timeout=120)
+    wait_for(lambda: not status(repo), "status file removed", timeout=60)
+    readme = git(repo.bare, "show", "argus/status:README.md")
+    assert "| carol | model | chat |" not in readme
+
+
+def _keygen(path: Path, who: str) -> str:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", who, "-f", str(path)], check=True)
+    return Path(f"{path}.pub").read_text().strip()
+
+
+def _signed_commit(repo: ConfigRepo, key: Path, message: str) -> str:
+    git(repo.work, "add", "-A")
+    git(repo.work, "-c", "gpg.format=ssh", "-c", f"user.signingkey={key}", "commit", "-q", "-S", "-m", message)
+    repo.push()
+    return git(repo.work, "rev-parse", "HEAD").strip()
+
+
+def test_signed_commits_required(env: Env, tmp_path: Path) -> None:
+    repo, dash = env.repo, env.dash
+    carol_pub, admin_pub = _keygen(tmp_path / "carol", "carol"), _keygen(tmp_path / "root", "root")
+    _keygen(tmp_path / "mallory", "mallory")
+    repo.write(".argus/allowed_signers", f"carol {carol_pub}\nroot {admin_pub}\n")
+    doc = cluster_yaml(env.hf_cache, env.users, env.head.serve_port)
+    doc["security"] = {"require_signed_commits": True, "allowed_signers": ".argus/allowed_signers", "admins": ["root"]}
+    repo.write("cluster.yaml", doc)
+    _signed_commit(repo, tmp_path / "root", "admin: require signed commits")
+
+    unsigned = "users/carol/tasks/unsigned.yaml"
+    repo.write(unsigned, _task_yaml(1))
+    sha = repo.commit_push("carol: unsigned change")
+    note = wait_for(lambda: repo.note(sha), "note on the unsigned commit", timeout=60)
+    assert f"commit {sha[:12]}: {unsigned}: not signed by a key in the allowed signers file" in note
+    time.sleep(3)
+    assert not owned_jobs(dash, "argus-carol-unsigned-")
+
+    other = "users/carol/tasks/other.yaml"
+    repo.write(other, _task_yaml(1))
+    sha = _signed_commit(repo, tmp_path / "mallory", "mallory signs for carol")
+    assert f"{other}: not signed by a key" in wait_for(lambda: repo.note(sha), "note on mallory's commit", timeout=60)
+
+    repo.write("users/carol/tasks/unsigned.yaml", _task_yaml(1, run=2))
+    repo.write(other, _task_yaml(1, run=2))
+    _signed_commit(repo, tmp_path / "carol", "carol: signed")
+    wait_for(lambda: owned_jobs(dash, "argus-carol-unsigned-"), "carol's signed task submitted", timeout=60)
+    wait_for(lambda: owned_jobs(dash, "argus-carol-other-"), "carol's other signed task submitted", timeout=60)

@@ -1,0 +1,280 @@
+"""The Ray Serve layer against a real Ray head, Ray Serve LLM and vLLM CPU (no mocks).
+
+Tests run in file order and share one Serve instance (each model load costs ~25-60 s on
+two cores): deploy model A + router, query it with the official ``openai`` client, re-apply
+(no PUT), add an embedding model B while a client loops on A, scale A 1->2->1, keep a
+foreign application through an apply that removes B.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reconciler.apply.serve import apply_serve
+from reconciler.builders.serve import app_name, model_app_config, serve_config
+from reconciler.dashboard import Dashboard
+from reconciler.observe.capacity import observe_capacity
+from reconciler.observe.serve import ServeObservation, observe_serve
+from reconciler.spec.hashing import model_spec_hash
+from reconciler.spec.types import ClusterSpec, ModelSpec, ObjectKey, Serving
+from reconciler.testing.deps import require
+
+pytestmark = pytest.mark.e2e
+
+ENGINE = {"max_model_len": 256, "dtype": "bfloat16", "enforce_eager": True}
+CREATED = 1764417600  # 2025-11-29 12:00 UTC
+DEPLOY_TIMEOUT_S = 300.0
+
+
+@dataclass
+class Env:
+    dash: Dashboard
+    cluster: ClusterSpec
+    base_url: str
+    sources: dict[ObjectKey, str]
+    desired: dict[ObjectKey, ModelSpec] = field(default_factory=dict)
+
+    def apps(self) -> list[dict[str, Any]]:
+        return [
+            model_app_config(m, self.cluster, self.sources[k], model_spec_hash(m, self.cluster))
+            for k, m in sorted(self.desired.items())
+        ]
+
+    def apply(self) -> bool:
+        return apply_serve(self.dash, self.apps(), observe_serve(self.dash), self.cluster)
+
+    def client(self) -> Any:
+        import openai
+
+        # max_retries=0: a failed request must count as failed, not be retried away.
+        return openai.OpenAI(base_url=self.base_url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+
+def model(user: str, name: str, replicas: int = 1, **engine: Any) -> ModelSpec:
+    return ModelSpec(
+        key=ObjectKey(user, "model", name),
+        source=f"hf:test/{name}",
+        source_path=None,
+        source_task=None,
+        replicas=replicas,
+        gpus_per_replica=1,
+        engine_kwargs={**ENGINE, **engine},
+        env={},
+        suspend=False,
+        created_at=CREATED,
+    )
+
+
+CHAT = model("alice", "chat")
+EMBED = model("bob", "embed", runner="pooling", dtype="float32")
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = DEPLOY_TIMEOUT_S, every: float = 2.0) -> Any:
+    """Poll ``check`` until it returns a truthy value; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+def wait_running(env: Env, names: list[str], **ready: int) -> ServeObservation:
+    """Wait until ``names`` are RUNNING (and apps in ``ready`` have that many RUNNING replicas)."""
+
+    def check() -> ServeObservation | None:
+        obs = observe_serve(env.dash)
+        for name in names:
+            status = obs.statuses.get(name)
+            if status == "DEPLOY_FAILED":
+                pytest.fail(f"{name} failed to deploy: {obs.messages.get(name)}")
+            if status != "RUNNING":
+                return None
+        for name, count in ready.items():
+            if len(obs.replica_ids.get(name, ())) != count:
+                return None
+        return obs
+
+    return wait_for(check, f"{names} RUNNING {ready or ''}")
+
+
+def served(env: Env) -> set[str]:
+    return {m.id for m in env.client().models.list().data}
+
+
+@pytest.fixture(scope="module")
+def env(ray_head: Any, tiny_llama: Path, minilm: Path) -> Iterator[Env]:
+    require("ray.serve.llm", "vllm", "openai")
+    cluster = ClusterSpec(
+        serving=Serving(accelerator="cpu", http_port=ray_head.serve_port, cpus_per_replica=1.0),
+        env={"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
+    )
+    e = Env(
+        dash=Dashboard(ray_head.dashboard_url),
+        cluster=cluster,
+        base_url=ray_head.serve_url,
+        sources={CHAT.key: str(tiny_llama), EMBED.key: str(minilm)},
+    )
+    e.desired[CHAT.key] = CHAT
+    assert e.apply() is True
+    wait_running(e, [app_name("alice", "chat"), "argus-router"])
+    wait_for(lambda: CHAT.served_name in served(e), "the router to list the chat model", timeout=30)
+    yield e
+
+
+A = app_name("alice", "chat")
+B = app_name("bob", "embed")
+
+
+def test_models_chat_and_streaming(env: Env) -> None:
+    client = env.client()
+    assert CHAT.served_name in served(env)
+    chat = client.chat.completions.create(
+        model=CHAT.served_name, messages=[{"role": "user", "content": "Hello!"}], max_tokens=8, temperature=0
+    )
+    assert chat.choices[0].message.content is not None
+    assert chat.usage is not None and chat.usage.completion_tokens > 0
+    chunks = list(
+        client.completions.create(model=CHAT.served_name, prompt="Once upon", max_tokens=8, temperature=0, stream=True)
+    )
+    assert len(chunks) >= 2
+    assert "".join(c.choices[0].text for c in chunks if c.choices)
+
+
+def test_observation_and_capacity(env: Env) -> None:
+    obs = observe_serve(env.dash)
+    actual = obs.models[CHAT.key]
+    assert actual.status == "RUNNING"
+    assert (actual.replicas, actual.ready_replicas) == (1, 1)
+    assert actual.served_name == CHAT.served_name
+    assert actual.spec_hash == model_spec_hash(CHAT, env.cluster)
+    assert dict(actual.resources_per_replica) == {"CPU": 1.0}
+    assert obs.http_options and obs.http_options["port"] == env.cluster.serving.http_port
+    assert obs.settings_mismatch(env.cluster) == []
+    other = replace(env.cluster, serving=replace(env.cluster.serving, http_port=1))
+    assert "only at first start" in obs.settings_mismatch(other)[0]
+    cap = observe_capacity(env.dash)
+    assert cap.total == {"CPU": 8.0, "GPU": 2.0, "worker_node": 4.0}
+    # The model's placement group (1 CPU) is reserved; the router and replica actors use 0.
+    assert cap.available["CPU"] == pytest.approx(7.0)
+
+
+def test_identical_apply_does_not_put(env: Env) -> None:
+    assert env.apply() is False
+
+
+def test_unknown_model_is_404(env: Env) -> None:
+    import openai
+
+    with pytest.raises(openai.NotFoundError) as info:
+        env.client().chat.completions.create(
+            model="nobody-202501010000-nothing", messages=[{"role": "user", "content": "x"}]
+        )
+    assert info.value.status_code == 404
+    assert "does not exist" in str(info.value.body)
+
+
+class Looper:
+    """Sends completions to one model in a thread, counting successes and failures."""
+
+    def __init__(self, env: Env, model_id: str) -> None:
+        self.client, self.model_id = env.client(), model_id
+        self.ok = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.client.completions.create(model=self.model_id, prompt="hi", max_tokens=2, temperature=0)
+                self.ok += 1
+            except Exception as exc:  # every kind of failure counts
+                self.failures.append(repr(exc))
+
+    def __enter__(self) -> Looper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=90)
+
+
+def test_adding_a_model_keeps_the_other_replica(env: Env) -> None:
+    before = observe_serve(env.dash).replica_ids[A]
+    with Looper(env, CHAT.served_name) as looper:
+        env.desired[EMBED.key] = EMBED
+        assert env.apply() is True
+        wait_running(env, [A, B, "argus-router"])
+        wait_for(lambda: EMBED.served_name in served(env), "the router to list the embedding model", timeout=30)
+        time.sleep(2)
+    assert looper.failures == []
+    assert looper.ok > 10
+    assert observe_serve(env.dash).replica_ids[A] == before
+
+
+def test_embeddings(env: Env) -> None:
+    import numpy as np
+
+    texts = ["a cat sits on the mat", "a kitten is sitting on a rug", "stock markets fell sharply"]
+    result = env.client().embeddings.create(model=EMBED.served_name, input=texts)
+    vectors = [np.asarray(d.embedding) for d in result.data]
+    assert [len(v) for v in vectors] == [384, 384, 384]
+
+    def cos(a: Any, b: Any) -> float:
+        return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+    assert cos(vectors[0], vectors[1]) > cos(vectors[0], vectors[2])
+
+
+def test_scaling_keeps_the_first_replica(env: Env) -> None:
+    (first,) = observe_serve(env.dash).replica_ids[A]
+    env.desired[CHAT.key] = replace(CHAT, replicas=2)
+    assert env.apply() is True
+    obs = wait_running(env, [A], **{A: 2})
+    assert first in obs.replica_ids[A]
+    assert obs.models[CHAT.key].replicas == 2
+    assert obs.models[CHAT.key].spec_hash == model_spec_hash(CHAT, env.cluster)  # replicas are not hashed
+
+    env.desired[CHAT.key] = CHAT
+    assert env.apply() is True
+    obs = wait_running(env, [A], **{A: 1})
+    assert obs.replica_ids[A] == (first,)
+    assert env.apply() is False
+
+
+FOREIGN = {"name": "someone-else", "route_prefix": "/foreign", "import_path": "reconciler.testing.foreign_app:app"}
+
+
+def test_foreign_app_survives_apply(env: Env) -> None:
+    import json
+    import urllib.request
+
+    # Deployed out of band, the way a careful human would: GET, add an app, PUT everything.
+    obs = observe_serve(env.dash)
+    env.dash.put("/api/serve/applications/", serve_config([*obs.apps.values(), FOREIGN], env.cluster))
+    obs = wait_running(env, ["someone-else"])
+    foreign_replicas = obs.replica_ids["someone-else"]
+    assert obs.foreign_apps() == {"someone-else": FOREIGN}
+    assert env.apply() is False  # the foreign app alone is no reason to PUT
+
+    del env.desired[EMBED.key]  # a real change: removing B must keep the foreign app
+    assert env.apply() is True
+    wait_for(lambda: B not in observe_serve(env.dash).statuses, "the embedding app to be deleted", timeout=120)
+    obs = wait_running(env, [A, "someone-else", "argus-router"])
+    assert obs.replica_ids["someone-else"] == foreign_replicas
+    assert obs.apps["someone-else"] == FOREIGN
+    with urllib.request.urlopen(env.base_url + "/foreign/ping", timeout=30) as resp:
+        assert json.loads(resp.read()) == {"foreign": True, "path": "/foreign/ping"}
+    wait_for(lambda: EMBED.served_name not in served(env), "the router to drop the embedding model", timeout=30)
+    assert CHAT.served_name in served(env)

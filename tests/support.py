@@ -1,0 +1,82 @@
+"""Helpers for end-to-end tests: real git repositories and config files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ENGINE = {"max_model_len": 256, "dtype": "bfloat16", "enforce_eager": True}
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "test",
+    "GIT_AUTHOR_EMAIL": "test@example.com",
+    "GIT_COMMITTER_NAME": "test",
+    "GIT_COMMITTER_EMAIL": "test@example.com",
+}
+
+
+def git(cwd: Path | str, *args: str, check: bool = True) -> str:
+    proc = subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, env={**os.environ, **GIT_ENV}, check=False
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"git {' '.join(args)} failed: {proc.stderr}")
+    return proc.stdout
+
+
+class ConfigRepo:
+    """A bare repository (what the daemon watches) and a clone users push from."""
+
+    def __init__(self, root: Path) -> None:
+        self.bare = root / "config.git"
+        self.work = root / "work"
+        git(root, "init", "-q", "--bare", "-b", "main", str(self.bare))
+        git(root, "clone", "-q", str(self.bare), str(self.work))
+        git(self.work, "checkout", "-q", "-b", "main")
+
+    def write(self, rel: str, data: dict[str, Any] | str) -> None:
+        path = self.work / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
+
+    def remove(self, rel: str) -> None:
+        (self.work / rel).unlink()
+
+    def commit(self, message: str, *extra: str) -> str:
+        git(self.work, "add", "-A")
+        git(self.work, "commit", "-q", "--allow-empty", "-m", message, *extra)
+        return git(self.work, "rev-parse", "HEAD").strip()
+
+    def push(self) -> None:
+        git(self.work, "push", "-q", "origin", "HEAD:main")
+
+    def commit_push(self, message: str, *extra: str) -> str:
+        sha = self.commit(message, *extra)
+        self.push()
+        return sha
+
+    def status_commits(self, branch: str = "argus/status") -> int:
+        out = git(self.bare, "rev-list", "--count", branch, check=False).strip()
+        return int(out) if out else 0
+
+    def note(self, commit: str) -> str:
+        return git(self.bare, "notes", "--ref=argus", "show", commit, check=False)
+
+
+def cluster_yaml(hf_cache: Path, users_root: Path, serve_port: int, **extra: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "kind": "Cluster",
+        "paths": {"common": str(hf_cache), "users": str(users_root)},
+        "serving": {"accelerator": "cpu", "http_port": serve_port, "cpus_per_replica": 1},
+        "training": {"driver_resources": {"worker_node": 1}},
+        "env": {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
+    }
+    doc.update(extra)
+    return doc
+
+
+def model_yaml(source: str, replicas: int = 1, **fields: Any) -> dict[str, Any]:
+    return {"kind": "Model", "source": source, "replicas": replicas, "engine_kwargs": dict(ENGINE), **fields}
