@@ -55,8 +55,19 @@ class ObjectStatus:
             )
         else:
             out["submission_id"] = self.submission_id
+            out["runs"] = [_run_json(j) for j in self.runs]
         out["gpus"] = self.gpus
         return out
+
+
+def _run_json(job: ActualJob) -> dict[str, object]:
+    """One run of a task as ``argus reconcile --format json`` reports it."""
+    run: dict[str, object] = {"submission_id": job.submission_id, "status": job.status}
+    if job.message:
+        run["message"] = job.message
+    if job.hf_checkpoint:
+        run["checkpoint"] = job.hf_checkpoint
+    return run
 
 
 def assess(
@@ -69,13 +80,19 @@ def assess(
     """
     out: dict[ObjectKey, ObjectStatus] = {}
     keys = desired.keys() | set(actual.models) | {j.key for j in actual.jobs if j.active}
+    by_key: dict[ObjectKey, list[Action]] = {}
+    for action in plan.actions:  # one pass: plan.for_key() per object is quadratic
+        by_key.setdefault(action.key, []).append(action)
+    jobs: dict[ObjectKey, list[ActualJob]] = {}
+    for job in actual.jobs:
+        jobs.setdefault(job.key, []).append(job)
     for key in sorted(keys):
-        actions = plan.for_key(key)
+        actions = by_key.get(key, [])
         done = applied is None or key in applied
         if key.kind == "model":
             out[key] = _model(key, desired, actual, actions, done)
         else:
-            out[key] = _task(key, desired, actual, actions, done)
+            out[key] = _task(key, desired, jobs.get(key, []), actions, done)
     return out
 
 
@@ -121,9 +138,9 @@ def _model(
 
 
 def _task(
-    key: ObjectKey, desired: DesiredState, actual: ActualState, actions: list[Action], done: bool
+    key: ObjectKey, desired: DesiredState, runs: list[ActualJob], actions: list[Action], done: bool
 ) -> ObjectStatus:
-    jobs = sorted(actual.jobs_of(key), key=lambda j: (j.start_time or 0, j.submission_id))
+    jobs = sorted(runs, key=lambda j: (j.start_time or 0, j.submission_id))
     spec = desired.tasks.get(key)
     status = ObjectStatus(key, "STOPPED", _sync(key, desired, actions), runs=jobs)
     kinds = {a.type for a in actions}

@@ -58,32 +58,41 @@ def read_documents(repo: str, branch: str, *, remote_too: bool = False) -> dict[
     return docs
 
 
-def commit_tree(repo: str, branch: str, files: Mapping[str, bytes], message: str) -> str | None:
-    """Make ``files`` the whole tree of ``branch`` in one commit on top of its tip.
+def hash_blobs(repo: str, contents: Mapping[str, bytes]) -> dict[str, str]:
+    """Write ``contents`` as blobs in one git process; return path -> blob id."""
+    if not contents:
+        return {}
+    paths = sorted(contents)
+    with tempfile.TemporaryDirectory() as tmp:
+        names = []
+        for i, path in enumerate(paths):
+            name = os.path.join(tmp, str(i))
+            with open(name, "wb") as fh:
+                fh.write(contents[path])
+            names.append(name)
+        out = git(repo, "hash-object", "-w", "--no-filters", "--stdin-paths", input=("\n".join(names) + "\n").encode())
+    return dict(zip(paths, out.decode().split(), strict=True))
 
-    Returns the new commit, or None when the tree is unchanged (no empty commits).
-    The ref is updated with compare-and-swap, so a concurrent writer is never overwritten.
+
+def tree_blobs(repo: str, commit: str) -> dict[str, str]:
+    """path -> blob id of every file in ``commit``."""
+    listing = git(repo, "ls-tree", "-r", "-z", commit).split(b"\0")
+    return {r.split(b"\t")[1].decode(): r.split()[2].decode() for r in listing if r}
+
+
+def commit_tree(repo: str, branch: str, blobs: Mapping[str, str], message: str, parent: str | None) -> str | None:
+    """Make ``blobs`` (path -> blob id) the whole tree of ``branch`` in one commit on ``parent``.
+
+    Returns the new commit, or None when the tree equals the parent's (no empty commits).
+    The ref moves with compare-and-swap from ``parent``: a concurrent writer is never
+    overwritten (git refuses, and the caller retries from the new tip).
     """
-    parent = tip(repo, branch)
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, **AUTHOR, "GIT_INDEX_FILE": os.path.join(tmp, "index")}
-        index_info = []
-        for path in sorted(files):
-            blob = (
-                subprocess.run(
-                    ["git", "-C", repo, "hash-object", "-w", "--stdin"],
-                    input=files[path],
-                    capture_output=True,
-                    check=True,
-                    env=env,
-                )
-                .stdout.decode()
-                .strip()
-            )
-            index_info.append(f"100644 {blob}\t{path}")
+        index_info = "".join(f"100644 {blob}\t{path}\n" for path, blob in sorted(blobs.items()))
         subprocess.run(
             ["git", "-C", repo, "update-index", "--add", "--index-info"],
-            input="\n".join(index_info).encode() + b"\n",
+            input=index_info.encode(),
             check=True,
             env=env,
             capture_output=True,
@@ -93,10 +102,8 @@ def commit_tree(repo: str, branch: str, files: Mapping[str, bytes], message: str
             .stdout.decode()
             .strip()
         )
-        if parent is not None:
-            old_tree = git(repo, "rev-parse", f"{parent}^{{tree}}").decode().strip()
-            if old_tree == tree:
-                return None
+        if parent is not None and git(repo, "rev-parse", f"{parent}^{{tree}}").decode().strip() == tree:
+            return None
         args = ["git", "-C", repo, "commit-tree", tree, "-F", "-"] + (["-p", parent] if parent else [])
         commit = (
             subprocess.run(args, input=message.encode(), capture_output=True, check=True, env=env)

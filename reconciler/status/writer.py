@@ -11,7 +11,7 @@ from typing import Any
 from reconciler.plan.actions import ActionType, Plan
 from reconciler.plan.assess import ObjectStatus
 from reconciler.source.remote import RepoSource
-from reconciler.status.branch import commit_tree, read_documents, write_note
+from reconciler.status.branch import commit_tree, hash_blobs, read_documents, tip, tree_blobs, write_note
 from reconciler.status.documents import dump, object_document, readme
 
 log = logging.getLogger("argus")
@@ -47,6 +47,11 @@ class StatusWriter:
     endpoint: str = "http://127.0.0.1:8000/v1"
     now: Callable[[], str] = utc_now
     commits: int = 0
+    # What this writer knows the branch holds (valid while the tip is ``_tip``): documents
+    # and blob ids, so a tick re-serialises and re-hashes only the objects that changed.
+    _tip: str | None = None
+    _docs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _blobs: dict[str, str] = field(default_factory=dict)
 
     def write(self, report: StatusReport) -> str | None:
         """Commit the status tree if anything changed; note the desired commit. Returns the
@@ -68,7 +73,12 @@ class StatusWriter:
 
     def _commit(self, report: StatusReport) -> str | None:
         repo = self.source.repo.path
-        previous = read_documents(repo, self.branch)
+        parent = tip(repo, self.branch)
+        if parent != self._tip:  # first write, or someone else moved the branch: re-read it
+            self._docs = read_documents(repo, self.branch) if parent else {}
+            self._blobs = tree_blobs(repo, parent) if parent else {}
+            self._tip = parent
+        previous = self._docs
         docs: dict[str, dict[str, Any]] = {}
         transitions: list[str] = []
         now = self.now()
@@ -100,11 +110,18 @@ class StatusWriter:
         errors = list(report.errors)
         if report.source_error:
             errors.insert(0, f"source unavailable: {report.source_error}")
-        files = {path: dump(doc) for path, doc in docs.items()}
-        files["README.md"] = readme(docs, revision=report.revision, errors=errors + report.notes)
+        changed = {
+            path: dump(doc) for path, doc in docs.items() if previous.get(path) != doc or path not in self._blobs
+        }
+        changed["README.md"] = readme(docs, revision=report.revision, errors=errors + report.notes)
+        blobs = {path: self._blobs[path] for path in docs if path not in changed}
+        blobs.update(hash_blobs(repo, changed))
         subject = f"argus: {len(transitions)} transition(s) at {(report.revision or 'unknown')[:12]}"
         message = subject + ("\n\n" + "\n".join(transitions) if transitions else "") + "\n"
-        return commit_tree(repo, self.branch, files, message)
+        commit = commit_tree(repo, self.branch, blobs, message, parent)
+        if commit is not None:
+            self._tip, self._docs, self._blobs = commit, docs, blobs
+        return commit
 
     def _note(self, report: StatusReport) -> bool:
         if not report.revision:
