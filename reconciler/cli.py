@@ -7,11 +7,12 @@ Exit codes: ``validate`` 0 valid / 1 errors; ``plan`` 0 no changes / 2 changes p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from reconciler import __version__
 from reconciler.dashboard import Dashboard
@@ -136,7 +137,9 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     reconciler = Reconciler(source, args.branch, Dashboard(args.ray))
     result = reconciler.tick()
     if args.format == "json":
-        print(json.dumps(result.to_json(), indent=2))
+        out = result.to_json()
+        _attach_log_tails(reconciler.dash, out["objects"])
+        print(json.dumps(out, indent=2))
     else:
         sys.stdout.write(render.text(result.plan, []))
         for note in result.notes:
@@ -148,6 +151,19 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         for issue in result.desired.issues:
             print(issue, file=sys.stderr)
     return 1 if result.failures or result.desired.issues else 0
+
+
+def _attach_log_tails(dash: Dashboard, objects: list[dict[str, Any]]) -> None:
+    """Add ``log_tail`` (last 50 driver log lines) to the finished current run of each task,
+    as the status branch keeps it; a log Ray cannot give is left out."""
+    from reconciler.observe.jobs import job_log_tail
+    from reconciler.plan.actual import FINAL_JOB_STATES
+
+    for obj in objects:
+        for run in obj.get("runs") or []:
+            if run["submission_id"] == obj.get("submission_id") and run["status"] in FINAL_JOB_STATES:
+                with contextlib.suppress(ArgusError):
+                    run["log_tail"] = job_log_tail(dash, run["submission_id"])
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -244,6 +260,18 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  {d.get('object')}: {d.get('reason')}")
     if not docs:
         print(f"(no status yet on branch {args.status_branch})", file=sys.stderr)
+    return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from reconciler.scaffold import init_repo
+
+    for path in init_repo(args.dir, user=args.user, force=args.force):
+        print(f"created {path}")
+    print(
+        f"next: cd {args.dir} && git init -b main && pre-commit install && argus validate --offline . "
+        "&& git add -A && git commit -m 'argus init'"
+    )
     return 0
 
 
@@ -367,10 +395,26 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--format", choices=["text", "json"], default="text")
     st.set_defaults(func=cmd_status)
 
-    dm = sub.add_parser("demo", help="run the whole loop locally (Ray head, bare repo, daemon, push, OpenAI call)",
-                        description="Start a local Ray head in CPU mode, seed a bare repository from desired-state/, "
-                        "run the daemon on it, push, wait for the tiny model, call it with the OpenAI client and show "
-                        "the status table. Needs the cpu extra (make demo installs it).")
+    it = sub.add_parser(
+        "init",
+        help="scaffold a new config repository in DIR",
+        description="Write cluster.yaml, an example user with a model and a task, a README for users, the "
+        "JSON Schemas under .argus/schemas/ (named by each file's yaml-language-server modeline), a "
+        ".pre-commit-config.yaml running `argus validate --offline` and a GitHub Actions workflow that posts "
+        "`argus plan` on pull requests. Refuses to overwrite existing files unless --force.",
+    )
+    it.add_argument("dir", metavar="DIR", help="folder of the new repository (created if missing)")
+    it.add_argument("--user", default="alice", help="name of the example user (default: alice)")
+    it.add_argument("--force", action="store_true", help="overwrite files that exist already")
+    it.set_defaults(func=cmd_init)
+
+    dm = sub.add_parser(
+        "demo",
+        help="run the whole loop locally (Ray head, bare repo, daemon, push, OpenAI call)",
+        description="Start a local Ray head in CPU mode, seed a bare repository from desired-state/, "
+        "run the daemon on it, push, wait for the tiny model, call it with the OpenAI client and show "
+        "the status table. Needs the cpu extra (make demo installs it).",
+    )
     dm.set_defaults(func=cmd_demo)
     return parser
 

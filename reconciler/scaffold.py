@@ -1,0 +1,271 @@
+"""``argus init DIR``: scaffold a new config repository. I/O (writes files), no git, no network.
+
+The scaffold is what a cluster's users clone: ``cluster.yaml``, one example user with a model and a task,
+a README for users, the JSON Schemas copied under ``.argus/schemas/`` with ``yaml-language-server``
+modelines pointing at them by relative path (editors validate as users type, offline, against exactly the
+schemas of the argus version that made the repository), a ``.pre-commit-config.yaml`` running
+``argus validate --offline`` and a GitHub Actions workflow that posts ``argus plan`` on every pull request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from reconciler import __version__
+from reconciler.errors import ArgusError
+from reconciler.spec.schema import SCHEMA_FILES, schema_text
+
+USER_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
+SCHEMA_DIR = ".argus/schemas"
+
+
+def _modeline(path: str, kind: str) -> str:
+    """``# yaml-language-server: $schema=<relative path to .argus/schemas/...>`` for a file at ``path``."""
+    up = "../" * path.count("/")
+    return f"# yaml-language-server: $schema={up}{SCHEMA_DIR}/{SCHEMA_FILES[kind]}\n"
+
+
+CLUSTER = """\
+# The cluster's settings, owned by its admins (changes need an admin's review).
+# Every field is optional; the schema (.argus/schemas/cluster.schema.json) documents the defaults.
+kind: Cluster
+users:                       # who may have a users/<user>/ folder, and their GPU quota
+  {user}: {{gpus: 4}}
+paths:
+  common: /private/hf        # the shared Hugging Face cache: $HOME/common/hf in users' files
+  users: /private/users      # user homes: $HOME is /private/users/<user>
+serving:
+  accelerator: gpu
+  http_port: 8000            # the OpenAI-compatible endpoint: http://<head>:8000/v1
+  proxy_location: HeadOnly
+training:
+  rollout: vllm
+  driver_resources: {{worker_node: 1}}   # training drivers run on GPU workers, never on the head
+env:
+  HF_HUB_OFFLINE: "1"        # models are read from the shared cache, never downloaded by replicas
+  HF_HOME: /private/hf
+prune:                       # the mass-deletion guard
+  max_fraction: 0.5
+  min_deletions: 3
+"""
+
+MODEL = """\
+# A model served behind the cluster's OpenAI endpoint. Its name there (OpenAI `model=`) is
+# {user}-<YYYYMMDDHHMM>-chat: the time of the commit that added this file (`argus status` shows it).
+kind: Model
+source: Qwen/Qwen2.5-0.5B-Instruct   # an HF repo id already in the shared cache, or a path under $HOME
+replicas: 1
+gpus_per_replica: 1                  # tensor-parallel size
+engine_kwargs:
+  max_model_len: 4096
+  gpu_memory_utilization: 0.85
+"""
+
+TASK = """\
+# A training task, run once as a Ray Job (change `run:` to run an unchanged spec again).
+kind: Task
+workload: grpo                       # ppo | grpo | sft | command
+model: Qwen/Qwen2.5-0.5B-Instruct
+data:
+  train: $HOME/data/gsm8k/train.parquet
+  val: $HOME/data/gsm8k/test.parquet
+nodes: 1
+gpus_per_node: 1
+epochs: 1
+steps: 10
+overrides: []                        # extra verl settings, e.g. "actor_rollout_ref.actor.optim.lr=1e-6"
+run: 1
+suspend: true                        # remove this line to start training when merged
+"""
+
+README = """\
+# Cluster configuration
+
+This repository is the desired state of our Ray GPU cluster. The argus daemon on the cluster deploys
+whatever `{branch}` says, and writes what happened back to git: the `argus/status` branch (one file per
+object and a README table) and notes on each commit (`git log --notes=argus`).
+
+```
+cluster.yaml                      # admins: users, quotas, paths, serving and training settings
+users/<user>/models/<name>.yaml   # one served model per file   (kind: Model)
+users/<user>/tasks/<name>.yaml    # one training task per file   (kind: Task)
+```
+
+## Working here
+
+1. Install the checker once: `pip install argus-reconciler` (the base package only: no Ray, no GPU), and
+   `pip install pre-commit && pre-commit install` so that every commit is validated.
+2. Add or edit a file under `users/<you>/`. Editors with the YAML language server (VS Code's YAML extension,
+   Neovim, JetBrains) complete and check fields as you type: each file names its schema on its first line,
+   and `.vscode/settings.json` maps new files to the schemas too.
+3. `argus validate --offline .` prints every error as `path:line: message`.
+4. Open a pull request. CI posts the plan (what will be deployed, restarted, stopped or queued for GPUs) as a
+   comment; merge when it says what you meant.
+5. After the merge, `argus status <you>` (or the `argus/status` branch) shows your objects' state, and
+   `git log --notes=argus -1` what the daemon did with your commit.
+
+Call a model with any OpenAI client: `base_url = "http://<head>:8000/v1"`, `model = "<served name>"`.
+
+Paths: `$HOME` is your folder on the cluster, `$HOME/common/hf` the shared Hugging Face cache. Paths outside
+them, other users' folders and models not yet in the cache are errors (download a model into the cache first).
+
+Schemas: `.argus/schemas/` (copied by `argus init` from argus {version}; refresh with
+`argus init --force .` after upgrading argus, then review the diff).
+"""
+
+PRE_COMMIT = """\
+# pre-commit install   # once per clone; then every commit runs `argus validate --offline`
+# Uses the argus on your PATH (pip install argus-reconciler), so it works offline and needs nothing else.
+# To let pre-commit install argus itself instead, use the hook argus ships:
+#   - repo: <argus repository URL>
+#     rev: v{version}
+#     hooks: [{{id: argus-validate}}]
+repos:
+  - repo: local
+    hooks:
+      - id: argus-validate
+        name: argus validate --offline
+        entry: argus validate --offline
+        language: system
+        pass_filenames: false
+        files: ^(cluster\\.yaml|users/)
+"""
+
+WORKFLOW = """\
+# On every pull request: validate the change and post `argus plan` as a comment, so the review sees what
+# will be deployed, restarted, stopped or queued before merging.
+name: argus
+on:
+  pull_request:
+    paths: ["cluster.yaml", "users/**", ".github/workflows/argus.yaml"]
+
+permissions:
+  contents: read
+  pull-requests: write
+
+concurrency:
+  group: argus-${{{{ github.event.pull_request.number }}}}
+  cancel-in-progress: true
+
+env:
+  # The base package only (no Ray, no vLLM): installs in seconds. Or from git:
+  #   git+https://<git host>/<org>/argus.git@v{version}
+  ARGUS_PACKAGE: argus-reconciler=={version}
+  # The cluster's actual state: the daemon's status branch when it publishes actual.json there, else the file
+  # named here (commit one exported from the cluster, or leave it absent to plan against an empty cluster).
+  ARGUS_STATUS_BRANCH: argus/status
+  ARGUS_ACTUAL_FILE: .argus/actual.json
+
+jobs:
+  plan:
+    runs-on: ubuntu-latest
+    timeout-minutes: 10
+    steps:
+      - uses: actions/checkout@v4
+        with:
+          fetch-depth: 0   # full history: served model names come from the commit that added each file
+
+      - uses: actions/setup-python@v5
+        with:
+          python-version: "3.11"
+
+      - name: Install argus
+        run: python -m pip install --quiet "$ARGUS_PACKAGE"
+
+      - name: Actual state
+        run: |
+          if git fetch --quiet --depth=1 origin "$ARGUS_STATUS_BRANCH" 2>/dev/null \\
+             && git show FETCH_HEAD:actual.json > "$RUNNER_TEMP/actual.json" 2>/dev/null; then
+            echo "actual state: the $ARGUS_STATUS_BRANCH branch"
+          elif [ -f "$ARGUS_ACTUAL_FILE" ]; then
+            cp "$ARGUS_ACTUAL_FILE" "$RUNNER_TEMP/actual.json"
+            echo "actual state: $ARGUS_ACTUAL_FILE"
+          else
+            echo '{{}}' > "$RUNNER_TEMP/actual.json"
+            echo "actual state: none published; planning against an empty cluster"
+          fi
+
+      - name: Plan
+        id: plan
+        # argus plan exits 0 (no changes), 2 (changes pending: the normal case for a PR) or 1 (errors).
+        run: |
+          set +e
+          argus plan . --offline --actual "$RUNNER_TEMP/actual.json" --format markdown > "$RUNNER_TEMP/plan.md"
+          code=$?
+          set -e
+          echo "exit_code=$code" >> "$GITHUB_OUTPUT"
+          cat "$RUNNER_TEMP/plan.md" >> "$GITHUB_STEP_SUMMARY"
+          if [ "$code" -ne 0 ] && [ "$code" -ne 2 ]; then
+            echo "::error::argus plan failed (exit $code)"
+          fi
+
+      - name: Comment the plan on the pull request
+        # Pull requests from forks get a read-only token: the plan is still in the job summary.
+        if: github.event.pull_request.head.repo.full_name == github.repository
+        env:
+          GH_TOKEN: ${{{{ github.token }}}}
+          PR: ${{{{ github.event.pull_request.number }}}}
+        run: |
+          {{ echo "<!-- argus-plan -->"; cat "$RUNNER_TEMP/plan.md"; }} > "$RUNNER_TEMP/comment.md"
+          gh pr comment "$PR" --edit-last --body-file "$RUNNER_TEMP/comment.md" \\
+            || gh pr comment "$PR" --body-file "$RUNNER_TEMP/comment.md"
+
+      - name: Validate
+        # After the comment, so that a broken file's errors are in it too; this step fails the check.
+        run: |
+          argus validate --offline .
+          code="${{{{ steps.plan.outputs.exit_code }}}}"
+          [ "$code" = 0 ] || [ "$code" = 2 ]
+"""
+
+
+def _vscode_settings() -> str:
+    schemas = {
+        f"./{SCHEMA_DIR}/{SCHEMA_FILES['Cluster']}": ["cluster.yaml"],
+        f"./{SCHEMA_DIR}/{SCHEMA_FILES['Model']}": ["users/*/models/*.yaml"],
+        f"./{SCHEMA_DIR}/{SCHEMA_FILES['Task']}": ["users/*/tasks/*.yaml"],
+    }
+    return json.dumps({"yaml.schemas": schemas}, indent=2) + "\n"
+
+
+def files(user: str = "alice", branch: str = "main") -> dict[str, str]:
+    """The scaffold: repository-relative path -> content."""
+    if not USER_RE.match(user):
+        raise ArgusError(f"user {user!r}: must match {USER_RE.pattern}")
+    model, task = f"users/{user}/models/chat.yaml", f"users/{user}/tasks/gsm8k-grpo.yaml"
+    out = {
+        "cluster.yaml": _modeline("cluster.yaml", "Cluster") + CLUSTER.format(user=user),
+        model: _modeline(model, "Model") + MODEL.format(user=user),
+        task: _modeline(task, "Task") + TASK,
+        "README.md": README.format(branch=branch, version=__version__),
+        ".pre-commit-config.yaml": PRE_COMMIT.format(version=__version__),
+        ".github/workflows/argus.yaml": WORKFLOW.format(version=__version__),
+        ".vscode/settings.json": _vscode_settings(),
+    }
+    for kind, name in SCHEMA_FILES.items():
+        out[f"{SCHEMA_DIR}/{name}"] = schema_text(kind)
+    return out
+
+
+def init_repo(dir: str, *, user: str = "alice", force: bool = False) -> list[str]:
+    """Write the scaffold into ``dir`` (created if needed) and return the paths written.
+
+    Refuses, writing nothing, when any of the files exists already, unless ``force``.
+    """
+    content = files(user)
+    targets = {rel: os.path.join(dir, *rel.split("/")) for rel in content}
+    existing = sorted(rel for rel, path in targets.items() if os.path.lexists(path))
+    if existing and not force:
+        raise ArgusError(f"{dir}: would overwrite {', '.join(existing)} (use --force to replace them)")
+    created: list[str] = []
+    for rel in sorted(content):
+        path = targets[rel]
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        if os.path.islink(path):
+            os.unlink(path)  # never write through a symlink
+        with open(path, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(content[rel])
+        created.append(path)
+    return created

@@ -1,0 +1,193 @@
+"""``argus init``: the scaffold validates, never overwrites by accident, and its pre-commit hook runs (offline)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reconciler.cli import main
+from reconciler.errors import ArgusError
+from reconciler.scaffold import files, init_repo
+
+BIN = Path(sys.executable).parent
+
+
+def tool(name: str) -> str:
+    here = BIN / name
+    found = str(here) if here.exists() else shutil.which(name)
+    assert found, f"{name} is not installed: pip install -e '.[test]'"
+    return found
+
+
+def env(**extra: str) -> dict[str, str]:
+    """This interpreter's scripts (argus) first on PATH, a committer identity, no user git config."""
+    return {
+        **extra,
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "GIT_AUTHOR_NAME": "alice",
+        "GIT_AUTHOR_EMAIL": "alice@example.com",
+        "GIT_COMMITTER_NAME": "alice",
+        "GIT_COMMITTER_EMAIL": "alice@example.com",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+    }
+
+
+def run(
+    *args: str, cwd: Path, check: bool = True, extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(args), cwd=cwd, env=env(**(extra or {})), capture_output=True, text=True, check=check)
+
+
+def test_init_output_validates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    repo = tmp_path / "config"
+    assert main(["init", str(repo)]) == 0
+    out = capsys.readouterr().out
+    assert f"created {repo / 'cluster.yaml'}" in out
+    for rel in (
+        "cluster.yaml",
+        "users/alice/models/chat.yaml",
+        "users/alice/tasks/gsm8k-grpo.yaml",
+        "README.md",
+        ".pre-commit-config.yaml",
+        ".github/workflows/argus.yaml",
+        ".argus/schemas/model.schema.json",
+    ):
+        assert (repo / rel).is_file(), rel
+    assert main(["validate", "--offline", str(repo)]) == 0
+    assert "ok: 2 object(s) valid" in capsys.readouterr().out
+    proc = run(tool("argus"), "validate", "--offline", str(repo), cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_init_refuses_to_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    repo = tmp_path / "config"
+    repo.mkdir()
+    (repo / "README.md").write_text("ours\n")
+    with pytest.raises(ArgusError, match=r"would overwrite README\.md"):
+        init_repo(str(repo))
+    assert sorted(p.name for p in repo.iterdir()) == ["README.md"], "a refused init writes nothing"
+    assert main(["init", str(repo)]) == 1
+    assert "--force" in capsys.readouterr().err
+    assert (repo / "README.md").read_text() == "ours\n"
+    created = init_repo(str(repo), force=True)
+    assert str(repo / "README.md") in created and (repo / "README.md").read_text() != "ours\n"
+
+
+def test_init_user_name_is_checked(tmp_path: Path) -> None:
+    with pytest.raises(ArgusError, match="must match"):
+        init_repo(str(tmp_path), user="../bob")
+    assert list(tmp_path.iterdir()) == []
+    init_repo(str(tmp_path / "r"), user="bob")
+    assert main(["validate", "--offline", str(tmp_path / "r")]) == 0
+    assert "bob: {gpus: 4}" in (tmp_path / "r" / "cluster.yaml").read_text()
+
+
+def test_modelines_point_at_the_copied_schemas(tmp_path: Path) -> None:
+    init_repo(str(tmp_path))
+    for rel in ("cluster.yaml", "users/alice/models/chat.yaml", "users/alice/tasks/gsm8k-grpo.yaml"):
+        first = (tmp_path / rel).read_text().splitlines()[0]
+        match = re.fullmatch(r"# yaml-language-server: \$schema=(\S+)", first)
+        assert match, first
+        target = (tmp_path / rel).parent / match.group(1)
+        schema = json.loads(target.read_text())
+        kind = yaml.safe_load((tmp_path / rel).read_text())["kind"]
+        assert schema["properties"]["kind"]["const"] == kind
+    root = Path(__file__).resolve().parents[2]
+    for name in ("cluster", "model", "task"):
+        copied = (tmp_path / ".argus" / "schemas" / f"{name}.schema.json").read_text()
+        assert copied == (root / "schemas" / f"{name}.schema.json").read_text()
+    settings = json.loads((tmp_path / ".vscode" / "settings.json").read_text())
+    assert all((tmp_path / p).is_file() for p in settings["yaml.schemas"])
+
+
+def test_workflow_follows_the_github_schema_and_handles_plan_exit_codes(tmp_path: Path) -> None:
+    init_repo(str(tmp_path))
+    workflow = tmp_path / ".github" / "workflows" / "argus.yaml"
+    proc = run(tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", str(workflow), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout
+    doc = yaml.safe_load(workflow.read_text())
+    assert "pull_request" in doc[True]  # YAML 1.1 reads the key `on` as True
+    steps = doc["jobs"]["plan"]["steps"]
+    script = "\n".join(s.get("run", "") for s in steps)
+    assert 'pip install --quiet "$ARGUS_PACKAGE"' in script and "argus-reconciler==" in workflow.read_text()
+    assert "[gpu]" not in script and "[cpu]" not in script, "CI installs the base package only"
+    assert "argus validate --offline ." in script
+    assert "--format markdown" in script and "gh pr comment" in script
+    assert '"$code" -ne 2' in script, "exit 2 (changes pending) is not a failure"
+
+
+def test_workflow_plan_step_runs_as_written(tmp_path: Path) -> None:
+    """The workflow's actual-state and plan steps, run here with bash as the runner would."""
+    repo = tmp_path / "config"
+    init_repo(str(repo))
+    run("git", "init", "-q", "-b", "main", cwd=repo)
+    run("git", "add", "-A", cwd=repo)
+    run("git", "commit", "-q", "-m", "init", cwd=repo)
+    steps = {
+        s.get("name"): s
+        for s in yaml.safe_load((repo / ".github/workflows/argus.yaml").read_text())["jobs"]["plan"]["steps"]
+    }
+    temp, output, summary = tmp_path / "runner", tmp_path / "output", tmp_path / "summary"
+    temp.mkdir()
+    runner_env = {
+        **env(),
+        "RUNNER_TEMP": str(temp),
+        "GITHUB_OUTPUT": str(output),
+        "GITHUB_STEP_SUMMARY": str(summary),
+        "ARGUS_STATUS_BRANCH": "argus/status",
+        "ARGUS_ACTUAL_FILE": ".argus/actual.json",
+    }
+    for name in ("Actual state", "Plan"):
+        proc = subprocess.run(
+            ["bash", "-e", "-c", steps[name]["run"]], cwd=repo, env=runner_env, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert output.read_text().strip() == "exit_code=2"
+    plan = (temp / "plan.md").read_text()
+    assert "deploy_model" in plan and "alice/models/chat" in plan
+    assert summary.read_text() == plan
+
+
+def test_pre_commit_hook_runs_offline(tmp_path: Path) -> None:
+    repo = tmp_path / "config"
+    init_repo(str(repo))
+    run("git", "init", "-q", "-b", "main", cwd=repo)
+    pre_commit = tool("pre-commit")
+    home = {"PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home")}
+    run(pre_commit, "validate-config", ".pre-commit-config.yaml", cwd=repo, extra=home)
+    run("git", "add", "-A", cwd=repo)
+    ok = run(pre_commit, "run", "--all-files", cwd=repo, check=False, extra=home)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert re.search(r"argus validate --offline\.+Passed", ok.stdout), ok.stdout
+
+    bad = repo / "users" / "alice" / "models" / "broken.yaml"
+    bad.write_text("kind: Model\nsource: /etc/passwd\nreplicas: 99\n")
+    run("git", "add", "-A", cwd=repo)
+    failed = run(pre_commit, "run", "--all-files", cwd=repo, check=False, extra=home)
+    assert failed.returncode == 1, failed.stdout
+    assert "users/alice/models/broken.yaml:" in failed.stdout
+
+    # As a git hook: the broken commit is refused, the fixed one goes through.
+    run(pre_commit, "install", cwd=repo, extra=home)
+    assert run("git", "commit", "-q", "-m", "broken", cwd=repo, check=False, extra=home).returncode != 0
+    bad.unlink()
+    run("git", "add", "-A", cwd=repo)
+    committed = run("git", "commit", "-q", "-m", "init", cwd=repo, check=False, extra=home)
+    assert committed.returncode == 0, committed.stdout + committed.stderr
+
+
+def test_scaffold_hook_matches_the_shipped_manifest() -> None:
+    root = Path(__file__).resolve().parents[2]
+    (shipped,) = yaml.safe_load((root / ".pre-commit-hooks.yaml").read_text())
+    (local,) = yaml.safe_load(files()[".pre-commit-config.yaml"])["repos"][0]["hooks"]
+    for key in ("id", "entry", "pass_filenames", "files"):
+        assert local[key] == shipped[key], key
