@@ -226,6 +226,17 @@ def cmd_status(args: argparse.Namespace) -> int:
             ],
             capture_output=True,
         )
+    if args.format == "actual":
+        from reconciler.status.branch import tip
+
+        head = tip(source.repo.path, args.status_branch, remote_too=True)
+        if head is None:
+            raise ArgusError(f"no status branch {args.status_branch!r} in {args.repo}")
+        proc = subprocess.run(["git", "-C", source.repo.path, "show", f"{head}:actual.json"], capture_output=True)
+        if proc.returncode != 0:
+            raise ArgusError(f"the status branch has no actual.json yet: {proc.stderr.decode().strip()}")
+        sys.stdout.write(proc.stdout.decode())
+        return 0
     docs = read_documents(source.repo.path, args.status_branch, remote_too=True)
     if args.target:
         parts = args.target.strip("/").split("/")
@@ -392,7 +403,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--repo", default=_env("REPO", "."), help="config repository (default: .) [ARGUS_REPO]")
     st.add_argument("--status-branch", default=_env("STATUS_BRANCH", "argus/status"))
     st.add_argument("--cache-dir", default=_env("CACHE_DIR", os.path.expanduser("~/.cache/argus")))
-    st.add_argument("--format", choices=["text", "json"], default="text")
+    st.add_argument(
+        "--format",
+        choices=["text", "json", "actual"],
+        default="text",
+        help="actual: the observed cluster state as JSON, the input of `argus plan --actual`",
+    )
     st.set_defaults(func=cmd_status)
 
     it = sub.add_parser(

@@ -388,6 +388,7 @@ class Daemon:
             notes=list(result.notes),
             log_tails=self._log_tails,
             checkpoints={j.submission_id: j.hf_checkpoint for j in result.actual.jobs},
+            actual=result.actual.to_json(),
         )
         commit = self.writer.write(report)
         if commit:

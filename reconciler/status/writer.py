@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -36,6 +37,7 @@ class StatusReport:
     log_tails: Mapping[str, list[str]] = field(default_factory=dict)
     checkpoints: Mapping[str, str | None] = field(default_factory=dict)
     source_error: str | None = None
+    actual: Mapping[str, Any] | None = None  # ActualState.to_json(), published for `argus plan --actual`
 
 
 @dataclass
@@ -114,7 +116,11 @@ class StatusWriter:
             path: dump(doc) for path, doc in docs.items() if previous.get(path) != doc or path not in self._blobs
         }
         changed["README.md"] = readme(docs, revision=report.revision, errors=errors + report.notes)
+        if report.actual is not None:
+            changed["actual.json"] = (json.dumps(report.actual, indent=1, sort_keys=True) + "\n").encode()
         blobs = {path: self._blobs[path] for path in docs if path not in changed}
+        if report.actual is None and "actual.json" in self._blobs:
+            blobs["actual.json"] = self._blobs["actual.json"]  # source unavailable: keep the last one
         blobs.update(hash_blobs(repo, changed))
         subject = f"argus: {len(transitions)} transition(s) at {(report.revision or 'unknown')[:12]}"
         message = subject + ("\n\n" + "\n".join(transitions) if transitions else "") + "\n"
