@@ -48,6 +48,7 @@ class GitRepo:
     blobs: dict[str, bytes] = field(default_factory=dict)
     _created: dict[str, int] = field(default_factory=dict)
     _created_at: str | None = None  # commit the _created map is valid for
+    _files: dict[tuple[str, str, str], SourceFile] = field(default_factory=dict)  # (path, mode, blob) of the last read
 
     def resolve(self, ref: str) -> str:
         """Return the commit id of ``ref``. Raises SourceUnavailable when it does not exist."""
@@ -82,20 +83,20 @@ class GitRepo:
                 path = path[len(self.prefix) :]
             if path.startswith(_RELEVANT):
                 entries.append((path, mode, blob))
-        known = set(cache.entries) if cache is not None else set()
+        known = cache.entries if cache is not None else {}
         # Symlinks (120000) and gitlinks (160000: a submodule's commit, absent here) are not read.
         readable = [(p, b) for p, m, b in entries if m != "120000" and not m.startswith("160")]
         wanted = [b for p, b in readable if (p, b) not in known and b not in self.blobs]
         self._read_blobs(wanted)
-        files = [
-            SourceFile(
-                path=p,
-                content=None if m == "120000" or m.startswith("160") else self.blobs.get(b),
-                blob=b,
-                symlink=m == "120000",
-            )
-            for p, m, b in entries
-        ]
+        files = []
+        for p, m, b in entries:
+            file = self._files.get((p, m, b))
+            if file is None or (file.content is None and b in self.blobs):
+                content = None if m == "120000" or m.startswith("160") else self.blobs.get(b)
+                file = SourceFile(path=p, content=content, blob=b, symlink=m == "120000")
+            files.append(file)
+        # Unchanged files are the same objects next time: no 10,000 new objects (and GC work) per re-plan.
+        self._files = {(f.path, m, f.blob): f for f, (_p, m, _b) in zip(files, entries, strict=True)}
         meta = git(self.path, "log", "-1", f"--format=%ct%x00%(trailers:key={APPROVE_TRAILER},valueonly)%x00%s", commit)
         ctime, trailer, subject = meta.decode(errors="replace").split("\0", 2)
         approve = trailer.strip().lower() in {"yes", "true", "1"}

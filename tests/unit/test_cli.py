@@ -1,0 +1,250 @@
+"""The real console entry (``python -m reconciler.cli``) in a subprocess: exit codes, streams, formats."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reconciler.plan.actual import ActualModel, ActualState, Capacity
+from reconciler.source.directory import created_times, read_directory
+from reconciler.spec.hashing import model_spec_hash
+from reconciler.spec.loader import load
+from tests.unit.gitrepo import WorkRepo
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "desired-state"
+COMMIT_TIME = 1767225600  # 2026-01-01 00:00 UTC
+
+
+def argus(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m reconciler.cli ARGS`` as a user would (its own process, no TTY)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.run(
+        [sys.executable, "-m", "reconciler.cli", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def example_objects() -> int:
+    return load(read_directory(str(EXAMPLE))).object_count
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    """A copy of desired-state/ committed in its own git repository (fixed commit time, so fixed served names)."""
+    root = tmp_path / "config"
+    shutil.copytree(EXAMPLE, root)
+    WorkRepo(root).commit("example", COMMIT_TIME)
+    return root
+
+
+def break_copy(root: Path) -> None:
+    """Add a broken file for alice, one for an undeclared user, and a .yml file."""
+    (root / "users/alice/models/broken.yaml").write_text("kind: Model\nsource: argus-test/tiny-llama\nreplica: 2\n")
+    (root / "users/alice/models/escape.yaml").write_text("kind: Model\nsource: /etc/passwd\n")
+    (root / "users/alice/models/typo.yml").write_text("kind: Model\n")
+
+
+BROKEN = [
+    ("users/alice/models/broken.yaml", 3, "replica: unknown key (did you mean 'replicas'?)"),
+    ("users/alice/models/escape.yaml", 2, "source: '/etc/passwd' resolves to /etc/passwd, outside the allowed roots"),
+    ("users/alice/models/typo.yml", 0, "use the .yaml extension (.yml files are not loaded)"),
+]
+
+
+def test_validate_the_example_passes() -> None:
+    proc = argus("validate", EXAMPLE, "--offline")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"ok: {example_objects()} object(s) valid\n"
+    assert proc.stderr == ""
+
+
+def test_validate_the_example_json() -> None:
+    proc = argus("validate", EXAMPLE, "--offline", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"errors": [], "objects": example_objects()}
+
+
+def test_validate_without_offline_falls_back_when_the_roots_are_absent(tmp_path: Path) -> None:
+    root = tmp_path / "config"
+    shutil.copytree(EXAMPLE, root)
+    missing = tmp_path / "nowhere"
+    cluster = root / "cluster.yaml"
+    text = (
+        cluster.read_text()
+        .replace("/tmp/argus-demo/hf", f"{missing}/hf")
+        .replace("/tmp/argus-demo/users", f"{missing}/users")
+    )
+    cluster.write_text(text)
+    proc = argus("validate", root)
+    assert proc.returncode == 0, proc.stderr
+    assert "not found on this machine" in proc.stderr
+
+
+def test_validate_a_broken_copy_fails_with_path_and_line(config: Path) -> None:
+    break_copy(config)
+    proc = argus("validate", config, "--offline")
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    for path, line, message in BROKEN:
+        where = f"{path}:{line}: " if line else f"{path}: "
+        assert any(line.startswith(f"{where}{message}") for line in lines), proc.stderr
+    assert lines[-1] == f"{len(BROKEN)} error(s); {example_objects()} valid object(s)"
+
+
+def test_validate_json_shape(config: Path) -> None:
+    break_copy(config)
+    proc = argus("validate", config, "--offline", "--format", "json")
+    assert proc.returncode == 1
+    assert proc.stderr == ""
+    out = json.loads(proc.stdout)
+    assert set(out) == {"errors", "objects"}
+    assert out["objects"] == example_objects()
+    assert all(set(e) == {"path", "line", "message"} for e in out["errors"])
+    assert all(isinstance(e["line"], int) for e in out["errors"])
+    got = [(e["path"], e["line"]) for e in out["errors"]]
+    assert got == [(p, line) for p, line, _ in BROKEN]
+    for error, (_p, _l, message) in zip(out["errors"], BROKEN, strict=True):
+        assert message in error["message"]
+
+
+def test_validate_missing_directory() -> None:
+    proc = argus("validate", "/nonexistent/argus-config")
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("argus: error: /nonexistent/argus-config: not a directory")
+
+
+def matching_actual(root: Path, path: Path, capacity: Capacity | None = None) -> None:
+    """Write an actual state in which every model of ``root`` runs exactly as declared."""
+    created, now = created_times(str(root))
+    desired = load(read_directory(str(root)), created=created, default_time=now)
+    actual = ActualState(capacity=capacity or Capacity({"CPU": 8.0}, {"CPU": 4.0}))
+    for key, model in desired.models.items():
+        digest = model_spec_hash(model, desired.cluster)
+        actual.models[key] = ActualModel(key, model.served_name, digest, model.replicas, model.replicas, "RUNNING")
+    path.write_text(json.dumps(actual.to_json()))
+
+
+def test_plan_exit_0_when_in_sync(config: Path, tmp_path: Path) -> None:
+    actual = tmp_path / "actual.json"
+    matching_actual(config, actual)
+    proc = argus("plan", config, "--offline", "--actual", actual)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "No changes: the cluster matches the repository." in proc.stdout
+
+
+def test_plan_exit_2_when_changes_pending(config: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"models": [], "jobs": [], "capacity": {"total": {"CPU": 8}, "available": {"CPU": 8}}}))
+    proc = argus("plan", config, "--offline", "--actual", empty)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "deploy_model" in proc.stdout and "alice/models/tiny-chat" in proc.stdout
+    assert "alice-202601010000-tiny-chat" in proc.stdout  # the served name from the commit time
+
+    data = json.loads(argus("plan", config, "--offline", "--actual", empty, "--format", "json").stdout)
+    assert data["changes"] is True and data["errors"] == []
+    assert data["actions"][0]["action"] == "deploy_model"
+    assert data["actions"][0]["object"] == "alice/models/tiny-chat"
+
+
+def test_plan_exit_1_on_errors_and_markdown(config: Path, tmp_path: Path) -> None:
+    actual = tmp_path / "actual.json"
+    matching_actual(config, actual)
+    break_copy(config)
+    proc = argus("plan", config, "--offline", "--actual", actual)
+    assert proc.returncode == 1
+    assert "users/alice/models/broken.yaml:3: replica: unknown key" in proc.stderr
+
+    md = argus("plan", config, "--offline", "--actual", actual, "--format", "markdown")
+    assert md.returncode == 1
+    text = md.stdout
+    assert text.startswith("### argus plan\n")
+    assert "| | action | object | reason |" in text
+    assert "|---|---|---|---|" in text
+    assert "`keep` | `alice/models/broken`" in text  # an invalid file is kept, and the table says why
+    assert "**3 validation errors** (these objects are kept as they run):" in text
+    assert "- `users/alice/models/broken.yaml:3` replica: unknown key (did you mean 'replicas'?)" in text
+
+
+def test_plan_markdown_with_changes(config: Path) -> None:
+    md = argus("plan", config, "--offline", "--format", "markdown")
+    assert md.returncode == 2
+    assert (
+        "| + | `deploy_model` | `alice/models/tiny-chat` | new model alice-202601010000-tiny-chat (1 replica) |"
+        in md.stdout
+    )
+    assert "> **Note:** capacity unknown" in md.stdout
+
+
+def test_plan_mass_deletion_is_held_then_approved(config: Path, tmp_path: Path) -> None:
+    actual = tmp_path / "actual.json"
+    state = {
+        "models": [
+            {"user": "alice", "name": n, "spec_hash": "x", "replicas": 1, "ready_replicas": 1, "status": "RUNNING"}
+            for n in ("a", "b", "c", "d", "e")
+        ],
+        "capacity": {"total": {"CPU": 8}, "available": {"CPU": 3}},
+    }
+    actual.write_text(json.dumps(state))
+    held = argus("plan", config, "--offline", "--actual", actual, "--format", "json")
+    data = json.loads(held.stdout)
+    assert held.returncode == 2  # the new example model is still to deploy
+    assert data["deletions_held"] is True
+    assert not [a for a in data["actions"] if a["action"] == "delete_model"]
+    approved = json.loads(
+        argus("plan", config, "--offline", "--actual", actual, "--format", "json", "--approve-prune").stdout
+    )
+    assert approved["deletions_held"] is False
+    assert len([a for a in approved["actions"] if a["action"] == "delete_model"]) == 5
+
+
+def test_plan_with_a_malformed_actual_state(config: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "actual.json"
+    bad.write_text('{"models": [{"name": "no-user"}]}')
+    proc = argus("plan", config, "--offline", "--actual", bad)
+    assert proc.returncode == 1
+    assert proc.stderr == "argus: error: actual-state JSON is malformed: KeyError('user')\n"
+    bad.write_text("not json")
+    proc = argus("plan", config, "--offline", "--actual", bad)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"argus: error: {bad}: cannot read the actual state")
+
+
+def test_help_is_complete() -> None:
+    top = argus("--help")
+    assert top.returncode == 0
+    for needle in ("validate", "plan", "exit codes:", "0 no changes, 2 changes pending, 1 errors"):
+        assert needle in top.stdout
+    validate = argus("validate", "--help").stdout
+    for needle in ("--offline", "--format", "path:line"):
+        assert needle in validate
+    plan_help = argus("plan", "--help").stdout
+    for needle in ("--actual", "markdown", "--approve-prune"):
+        assert needle in plan_help
+
+
+def test_validate_and_plan_do_not_import_ray_or_vllm() -> None:
+    """The base install (a config repository's PR check) has no ray or vllm: the CLI must not need them."""
+    code = (
+        "import sys, runpy; sys.argv = ['argus', 'validate', sys.argv[1], '--offline'];\n"
+        "try:\n    runpy.run_module('reconciler.cli', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'vllm', 'torch'))\n"
+        "print('HEAVY', heavy)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(EXAMPLE)], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert "HEAVY []" in proc.stdout, proc.stdout + proc.stderr
