@@ -95,7 +95,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         try:
             with open(args.actual, encoding="utf-8") as fh:
                 actual = ActualState.from_json(json.load(fh))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, ArgusError) as exc:
             raise ArgusError(f"{args.actual}: cannot read the actual state: {exc}") from exc
     result = make_plan(state, actual)
     issues: list[Issue] = state.issues

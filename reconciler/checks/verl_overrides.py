@@ -56,8 +56,13 @@ def check_overrides(task: TaskSpec, cluster: ClusterSpec) -> list[tuple[int, str
     user = list(task.overrides)
     lines = list(task.override_lines) + [0] * (len(user) - len(task.override_lines))
     entries = [(0, ov) for ov in derived] + list(zip(lines, user, strict=True))
-    config = verl_config_name(task)
+    return list(_check(verl_config_name(task), tuple(entries)))
 
+
+# A compose costs ~0.3 s and the daemon re-loads every tick: an unchanged task (same
+# overrides, same lines) is checked once.
+@lru_cache(maxsize=4096)
+def _check(config: str, entries: tuple[tuple[int, str], ...]) -> tuple[tuple[int, str], ...]:
     issues: list[tuple[int, str]] = []
     # Syntax first: each override parses on its own, which pins a parse error to its line.
     parsable = []
@@ -76,7 +81,7 @@ def check_overrides(task: TaskSpec, cluster: ClusterSpec) -> list[tuple[int, str
         index = _culprit(config, remaining, error)
         line, ov = remaining.pop(index)
         issues.append((line, _message(config, ov, error, generated=line == 0)))
-    return sorted(issues)
+    return tuple(sorted(issues))
 
 
 def _safe_derived(task: TaskSpec, cluster: ClusterSpec) -> list[str]:

@@ -164,7 +164,8 @@ class ActualState:
                 available={k: float(v) for k, v in cap.get("available", {}).items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise PermanentError(f"actual-state JSON is malformed: {exc!r}") from exc
+            what = f"missing field {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
+            raise PermanentError(f"actual-state JSON is malformed: {what}") from exc
         return cls(models=models, jobs=jobs, capacity=capacity)
 
 

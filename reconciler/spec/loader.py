@@ -168,6 +168,9 @@ def load(
             issues.extend(file_issues)
     if len(cache.built) > 2 * len(used) + 1024:  # bound the memo to about what this tree uses
         cache.built = {k: cache.built[k] for k in used if k in cache.built}
+    if len(cache.entries) > 2 * len(by_path) + 1024:  # a long-running daemon: forget blobs no longer in the tree
+        live = {(f.path, f.blob) for f in by_path.values()}
+        cache.entries = {k: v for k, v in cache.entries.items() if k in live}
     state.issues = sorted(set(issues))
     return state
 
@@ -267,7 +270,7 @@ def _model(
     when: int,
     task_names: set[tuple[str, str]],
 ) -> tuple[ModelSpec | None, list[Issue]]:
-    data = doc.data
+    data = _integral(doc.data)
     source: str = data["source"]
     line = doc.line(("source",))
     source_path: str | None = None
@@ -305,10 +308,23 @@ TASK_DEFAULTS: dict[str, Any] = {"nodes": 1, "gpus_per_node": 1, "env": {}, "run
 TRAINER_DEFAULTS: dict[str, Any] = {"epochs": 1, "overrides": []}
 
 
+INTEGER_FIELDS = ("replicas", "gpus_per_replica", "nodes", "gpus_per_node", "epochs", "steps", "run")
+
+
+def _integral(data: Mapping[str, Any]) -> dict[str, Any]:
+    """JSON Schema counts ``1.0`` as an integer; make it ``1`` so the spec hash agrees with ``1``."""
+    out = dict(data)
+    for name in INTEGER_FIELDS:
+        value = out.get(name)
+        if isinstance(value, float) and value.is_integer():
+            out[name] = int(value)
+    return out
+
+
 def _task(
     key: ObjectKey, doc: Document, cluster: ClusterSpec, fs: FileSystem | None, when: int, task_check: TaskCheck | None
 ) -> tuple[TaskSpec | None, list[Issue]]:
-    data = doc.data
+    data = _integral(doc.data)
     issues: list[Issue] = []
     workload = data["workload"]
     raw = {**TASK_DEFAULTS, **({} if workload == "command" else TRAINER_DEFAULTS), **data}

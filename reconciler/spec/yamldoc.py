@@ -99,7 +99,8 @@ def parse(path: str, content: bytes) -> Document:
     finally:
         loader.dispose()
     if not isinstance(data, dict):
-        kind = "a list" if isinstance(data, list) else f"a {type(data).__name__} scalar"
+        names = {"int": "an integer", "float": "a number", "bool": "a boolean", "str": "a string"}
+        kind = "a list" if isinstance(data, list) else names.get(type(data).__name__, f"a {type(data).__name__}")
         raise YamlError(
             Issue(path, node.start_mark.line + 1, f"the document is {kind}; expected a mapping (key: value)")
         )

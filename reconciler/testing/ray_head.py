@@ -19,7 +19,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,14 +53,17 @@ def _port_free(port: int) -> bool:
         return True
 
 
-def free_port_range(size: int, low: int = 20000, high: int = 60000, tries: int = 50) -> tuple[int, int]:
-    """Return ``(first, last)`` of ``size`` consecutive ports that are all free now.
+def free_port_range(
+    size: int, low: int = 20000, high: int = 60000, tries: int = 50, exclude: Collection[int] = ()
+) -> tuple[int, int]:
+    """Return ``(first, last)`` of ``size`` consecutive ports that are all free now and none
+    of them in ``exclude`` (ports already picked for something else: Ray refuses overlaps).
 
     Raises RuntimeError when no such range is found in ``tries`` random attempts.
     """
     for _ in range(tries):
         first = random.randrange(low, high - size)
-        if all(_port_free(p) for p in range(first, first + size)):
+        if all(p not in exclude and _port_free(p) for p in range(first, first + size)):
             return first, first + size - 1
     raise RuntimeError(f"no {size} consecutive free ports found")
 
@@ -178,8 +181,8 @@ def start_head(
     # A short temp dir: Ray's Unix socket paths must stay under ~107 bytes.
     temp_dir = temp_dir or tempfile.mkdtemp(prefix="argr", dir="/tmp")
     ports = {name: free_port() for name in _PORT_OPTIONS}
-    first, last = free_port_range(200)
     serve_port = free_port()
+    first, last = free_port_range(200, exclude={*ports.values(), serve_port})
     ray_bin = Path(sys.executable).with_name("ray")
     cmd = [
         str(ray_bin) if ray_bin.exists() else "ray",

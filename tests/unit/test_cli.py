@@ -215,7 +215,8 @@ def test_plan_with_a_malformed_actual_state(config: Path, tmp_path: Path) -> Non
     bad.write_text('{"models": [{"name": "no-user"}]}')
     proc = argus("plan", config, "--offline", "--actual", bad)
     assert proc.returncode == 1
-    assert proc.stderr == "argus: error: actual-state JSON is malformed: KeyError('user')\n"
+    assert proc.stderr.startswith("argus: error: ") and "actual.json: cannot read the actual state: " in proc.stderr
+    assert "actual-state JSON is malformed: missing field 'user'" in proc.stderr
     bad.write_text("not json")
     proc = argus("plan", config, "--offline", "--actual", bad)
     assert proc.returncode == 1
