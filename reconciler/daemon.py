@@ -110,6 +110,7 @@ class Reconciler:
         self.cache = ParseCache()
         self.verifier = SignatureVerifier(source.repo)
         self.rejections: list[str] = []
+        self._put_memo: dict[str, Any] = {}
 
     # -- load ---------------------------------------------------------------------------
     def load(self, commit: str | None = None, *, fetch: bool = True) -> tuple[DesiredState, str, int]:
@@ -205,7 +206,11 @@ class Reconciler:
                 touched.append(key)
             elif deployed is not None:
                 apps.append(deployed)  # carried through exactly as it runs
-        error = self._try(lambda: setattr(result, "serve_put", apply_serve(self.dash, apps, serve, desired.cluster)))
+        error = self._try(
+            lambda: setattr(
+                result, "serve_put", apply_serve(self.dash, apps, serve, desired.cluster, memo=self._put_memo)
+            )
+        )
         if result.serve_put:
             faults.point("serve_put")
         self._record(result, touched, error)

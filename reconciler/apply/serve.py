@@ -17,12 +17,16 @@ from reconciler.builders.serve import is_owned_app, normalise_app, router_app_co
 from reconciler.dashboard import Dashboard, DashboardError
 from reconciler.errors import ApplyFailed
 from reconciler.observe.serve import SERVE_APPS_PATH, ServeObservation
+from reconciler.spec.hashing import stable_hash
 from reconciler.spec.types import ClusterSpec
 
 log = logging.getLogger(__name__)
 
 # A build (import + builder call) normally takes seconds; past this, stop waiting for it.
 BUILD_DEFER_LIMIT_S = 120.0
+# Serve's GET can lag a PUT by a few seconds (notably while Serve itself starts); the same
+# target is not sent again within this window, since an identical PUT restarts deploying apps.
+PUT_SETTLE_S = 30.0
 
 
 def target_apps(
@@ -83,6 +87,7 @@ def apply_serve(
     cluster: ClusterSpec,
     *,
     clock: Callable[[], float] = time.time,
+    memo: dict[str, Any] | None = None,
 ) -> bool:
     """PUT the target set of applications if it differs from what Serve runs.
 
@@ -90,11 +95,17 @@ def apply_serve(
     is deferred because another application is still being built (retry on the next tick).
     Foreign applications are carried through exactly as deployed and never altered;
     imperatively deployed ones (``serve.run``) are not part of a PUT and stay untouched.
+    ``memo`` (kept by a long-running caller) remembers the last PUT, so the same target is
+    not sent twice within PUT_SETTLE_S while Serve's answers catch up.
+
     Raises ValueError for a non-argus name in ``desired_owned_apps``, ApplyFailed when Serve
     refuses the config (``permanent`` for a 4xx answer), RayUnavailable when unreachable.
     """
     target = target_apps(desired_owned_apps, observation, cluster)
     if not needs_put(target, deployed_apps(observation)):
+        return False
+    digest = stable_hash({n: normalise_app(a) for n, a in target.items()})
+    if memo is not None and memo.get("digest") == digest and clock() - memo.get("time", 0.0) < PUT_SETTLE_S:
         return False
     waiting = blocking_builds(target, observation, clock())
     if waiting:
@@ -105,4 +116,6 @@ def apply_serve(
         dash.put(SERVE_APPS_PATH, body)
     except DashboardError as exc:
         raise ApplyFailed(f"Serve refused the application config: {exc}", permanent=400 <= exc.status < 500) from exc
+    if memo is not None:
+        memo.update(digest=digest, time=clock())
     return True
