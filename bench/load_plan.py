@@ -18,6 +18,7 @@ Targets (issue 2): cold within 3x raw, incremental under 100 ms, peak RSS under 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -201,6 +202,8 @@ def measure(kind: str, repo: Path, commits: dict[str, Any], actual_path: Path) -
         source = GitRepo(str(repo))
         snap = source.snapshot(commits["first"], cache)
         plan(load(snap.files, created=snap.created, default_time=snap.commit_time, cache=cache), actual)
+        gc.collect()
+        gc.freeze()  # as the daemon does after its first tick: the long-lived tree is not re-scanned
         cpus: list[float] = []
         rounds = []  # each commit of the chain changes one more file: a push, a re-plan
         for commit in commits["chain"]:

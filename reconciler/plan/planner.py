@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from reconciler.plan.actions import Action, ActionType, Plan
-from reconciler.plan.actual import ActualJob, ActualModel, ActualState, Capacity, Resources, scale, sub
+from reconciler.plan.actual import ActualJob, ActualState, Capacity, Resources, scale, sub
 from reconciler.plan.demand import model_resources_per_replica, task_resources
 from reconciler.spec.hashing import model_spec_hash, submission_id, task_spec_hash
 from reconciler.spec.types import DesiredState, ObjectKey
@@ -191,10 +191,6 @@ def _owned_keys(actual: ActualState) -> set[ObjectKey]:
     return set(actual.models) | {j.key for j in actual.jobs if j.active}
 
 
-def _things(actual: ActualState) -> list[ActualModel | ActualJob]:
-    return [*actual.models.values(), *actual.jobs]
-
-
 def _positive(res: Resources) -> dict[str, float]:
     return {k: v for k, v in res.items() if v > 0}
 
@@ -203,33 +199,54 @@ def _fmt(res: Mapping[str, float]) -> str:
     return ", ".join(f"{v:g} {k}" for k, v in sorted(res.items()) if v) or "nothing"
 
 
+def _accounting(actual: ActualState) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """One pass over owned objects: (granted but not placed, committed, GPUs held per user).
+
+    Written with plain loops: at 10,000 owned objects, building per-object dicts dominated
+    the re-plan time.
+    """
+    unplaced: dict[str, float] = {}
+    committed: dict[str, float] = {}
+    used: dict[str, float] = {}
+    for model in actual.models.values():
+        waiting = max(0, model.replicas - model.ready_replicas)
+        for r, v in model.resources_per_replica.items():
+            committed[r] = committed.get(r, 0.0) + v * model.replicas
+            if waiting:
+                unplaced[r] = unplaced.get(r, 0.0) + v * waiting
+        gpus = model.resources_per_replica.get("GPU", 0.0) * model.replicas
+        used[model.key.user] = used.get(model.key.user, 0.0) + gpus
+    for job in actual.jobs:
+        if not job.active:
+            continue
+        for r, v in job.resources.items():
+            committed[r] = committed.get(r, 0.0) + v
+            if job.status != "RUNNING":
+                unplaced[r] = unplaced.get(r, 0.0) + v
+        used[job.key.user] = used.get(job.key.user, 0.0) + job.resources.get("GPU", 0.0)
+    return unplaced, committed, used
+
+
 def free_capacity(actual: ActualState, capacity: Capacity) -> dict[str, float]:
     """What new work may take: Ray's available resources minus what owned objects were
     granted but have not placed yet, capped by total minus everything owned objects hold."""
-    unplaced: dict[str, float] = {}
-    committed: dict[str, float] = {}
-    for thing in _things(actual):  # in place: 10,000 owned objects must not build 40,000 dicts
-        held, placed = thing.committed(), thing.placed()
-        for k, v in held.items():
-            committed[k] = committed.get(k, 0.0) + v
-            if v > placed.get(k, 0.0):
-                unplaced[k] = unplaced.get(k, 0.0) + v - placed.get(k, 0.0)
-    free = sub(capacity.available, unplaced)
+    unplaced, committed, _ = _accounting(actual)
     cap = sub(capacity.total, committed)
-    return {k: max(0.0, min(v, cap.get(k, v))) for k, v in free.items()}
+    return {k: max(0.0, min(v, cap.get(k, v))) for k, v in sub(capacity.available, unplaced).items()}
 
 
 def _admit(
     desired: DesiredState, actual: ActualState, capacity: Capacity, cands: list[_Candidate], result: Plan
 ) -> list[Action]:
     out: list[Action] = []
+    if not cands:  # steady state: nothing waits for admission, no accounting needed
+        return out
     known = bool(capacity.total or capacity.available)
-    if cands and not known:
+    if not known:
         result.notes.append("capacity unknown (no capacity in the actual state): admission not checked")
-    free = free_capacity(actual, capacity)
-    used: dict[str, float] = {}
-    for thing in _things(actual):
-        used[thing.key.user] = used.get(thing.key.user, 0.0) + thing.committed().get("GPU", 0.0)
+    unplaced, committed, used = _accounting(actual)
+    cap = sub(capacity.total, committed)
+    free = {k: max(0.0, min(v, cap.get(k, v))) for k, v in sub(capacity.available, unplaced).items()}
     blocked: dict[str, ObjectKey] = {}  # resource -> first object queued for lack of it
     for cand in sorted(cands, key=lambda c: (c.created_at, *_by_name(c.action.key))):
         action, user = cand.action, cand.action.key.user

@@ -48,6 +48,8 @@ class GitRepo:
     blobs: dict[str, bytes] = field(default_factory=dict)
     _created: dict[str, int] = field(default_factory=dict)
     _created_at: str | None = None  # commit the _created map is valid for
+    _listed: dict[str, tuple[str, str]] = field(default_factory=dict)
+    _listed_at: str | None = None  # commit the _listed map is valid for
     _files: dict[tuple[str, str, str], SourceFile] = field(default_factory=dict)  # (path, mode, blob) of the last read
 
     def resolve(self, ref: str) -> str:
@@ -65,24 +67,9 @@ class GitRepo:
         ``tree`` (path -> (mode, blob)) replaces the commit's own tree: the signature
         verifier's trusted tree, where unverified changes are left out.
         """
-        entries: list[tuple[str, str, str]] = []  # (path, mode, blob)
-        if tree is not None:
-            entries = [(p, m, b) for p, (m, b) in sorted(tree.items()) if p.startswith(_RELEVANT)]
-        listing = (
-            b""
-            if tree is not None
-            else git(self.path, "ls-tree", "-r", "-z", "--full-tree", commit, "--", *self._pathspecs())
-        )
-        for record in listing.split(b"\0"):
-            if not record:
-                continue
-            meta, _, path_b = record.partition(b"\t")
-            mode, _type, blob = meta.decode().split()
-            path = path_b.decode(errors="replace")
-            if self.prefix:
-                path = path[len(self.prefix) :]
-            if path.startswith(_RELEVANT):
-                entries.append((path, mode, blob))
+        if tree is None:
+            tree = self._listing(commit)
+        entries = [(p, m, b) for p, (m, b) in sorted(tree.items()) if p.startswith(_RELEVANT)]
         known = cache.entries if cache is not None else {}
         # Symlinks (120000) and gitlinks (160000: a submodule's commit, absent here) are not read.
         readable = [(p, b) for p, m, b in entries if m != "120000" and not m.startswith("160")]
@@ -101,6 +88,61 @@ class GitRepo:
         ctime, trailer, subject = meta.decode(errors="replace").split("\0", 2)
         approve = trailer.strip().lower() in {"yes", "true", "1"}
         return Snapshot(commit, files, self.created_times(commit), int(ctime), approve, subject.strip())
+
+    def _listing(self, commit: str) -> dict[str, tuple[str, str]]:
+        """path -> (mode, blob) of the relevant files at ``commit``.
+
+        After the first commit only the difference to the previous one is read (``diff-tree``),
+        so a re-plan after a push costs what the push changed, not the size of the tree.
+        """
+        if self._listed_at == commit:
+            return self._listed
+        if self._listed_at is not None:
+            proc = subprocess.run(
+                [
+                    "git",
+                    "-C",
+                    self.path,
+                    "diff-tree",
+                    "-r",
+                    "-z",
+                    "--no-renames",
+                    "--no-commit-id",
+                    self._listed_at,
+                    commit,
+                    "--",
+                    *self._pathspecs(),
+                ],
+                capture_output=True,
+                check=False,
+            )
+            if proc.returncode == 0:  # else (e.g. the old commit was garbage-collected): list it all
+                listed = dict(self._listed)
+                tokens = proc.stdout.split(b"\0")
+                for meta, path_b in zip(tokens[0::2], tokens[1::2], strict=False):
+                    if not meta:
+                        continue
+                    _old_mode, mode, _old_blob, blob, status = meta.decode().lstrip(":").split()
+                    path = self._relative(path_b.decode(errors="replace"))
+                    if status == "D":
+                        listed.pop(path, None)
+                    else:
+                        listed[path] = (mode, blob)
+                self._listed, self._listed_at = listed, commit
+                return listed
+        listing = git(self.path, "ls-tree", "-r", "-z", "--full-tree", commit, "--", *self._pathspecs())
+        listed = {}
+        for record in listing.split(b"\0"):
+            if not record:
+                continue
+            meta, _, path_b = record.partition(b"\t")
+            mode, _type, blob = meta.decode().split()
+            listed[self._relative(path_b.decode(errors="replace"))] = (mode, blob)
+        self._listed, self._listed_at = listed, commit
+        return listed
+
+    def _relative(self, path: str) -> str:
+        return path[len(self.prefix) :] if self.prefix else path
 
     def _pathspecs(self) -> list[str]:
         return [f"{self.prefix}users", f"{self.prefix}cluster.yaml"]

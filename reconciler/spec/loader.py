@@ -100,7 +100,7 @@ def load(
 
     objects: dict[ObjectKey, SourceFile] = {}
     undeclared: dict[ObjectKey, list[Issue]] = {}
-    for path in sorted(by_path):
+    for path in by_path:  # issues are sorted at the end; objects are keyed, not ordered
         if not path.startswith("users/"):
             continue
         hit = cache.keys.get(path)
@@ -108,14 +108,6 @@ def load(
         if key is None:
             if problem:
                 issues.append(Issue(path, 0, problem))
-            continue
-        if not USER_RE.match(key.user):
-            issues.append(Issue(path, 0, f"user folder {key.user!r} must match {USER_RE.pattern}"))
-            continue
-        if not NAME_RE.match(key.name):
-            issues.append(
-                Issue(path, 0, f"file name {key.name!r}.yaml must match {NAME_RE.pattern} (lowercase, digits, -)")
-            )
             continue
         if cluster.users is not None and key.user not in cluster.users:
             issue = Issue(path, 0, f"user {key.user!r} is not declared under `users:` in cluster.yaml")
@@ -176,6 +168,19 @@ def load(
 
 
 def classify(path: str) -> tuple[ObjectKey | None, str | None]:
+    """Map a path under ``users/`` to its object key (names checked); or (None, problem), or
+    (None, None) for files that are ignored."""
+    key, problem = _classify(path)
+    if key is None:
+        return key, problem
+    if not USER_RE.match(key.user):
+        return None, f"user folder {key.user!r} must match {USER_RE.pattern}"
+    if not NAME_RE.match(key.name):
+        return None, f"file name {key.name!r}.yaml must match {NAME_RE.pattern} (lowercase, digits, -)"
+    return key, None
+
+
+def _classify(path: str) -> tuple[ObjectKey | None, str | None]:
     """Map a path under ``users/`` to its object key; or (None, problem) / (None, None) to ignore."""
     parts = path.split("/")
     if len(parts) == 2:

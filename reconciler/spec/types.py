@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from reconciler.errors import Issue
 
@@ -12,9 +12,12 @@ Kind = Literal["model", "task"]
 Workload = Literal["ppo", "grpo", "sft", "command"]
 
 
-@dataclass(frozen=True, order=True)
-class ObjectKey:
-    """Identity of one object: ``users/<user>/<kind>s/<name>.yaml``."""
+class ObjectKey(NamedTuple):
+    """Identity of one object: ``users/<user>/<kind>s/<name>.yaml``.
+
+    A named tuple, not a dataclass: keys are hashed and compared millions of times when
+    planning 10,000 objects, and tuple hashing and ordering run in C.
+    """
 
     user: str
     kind: Kind
@@ -26,6 +29,9 @@ class ObjectKey:
 
     def __str__(self) -> str:
         return f"{self.user}/{self.kind}s/{self.name}"
+
+    def __repr__(self) -> str:
+        return f"ObjectKey({self.user!r}, {self.kind!r}, {self.name!r})"
 
     @classmethod
     def parse(cls, text: str) -> ObjectKey:
