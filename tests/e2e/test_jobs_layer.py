@@ -1,7 +1,8 @@
 """The Ray Jobs layer against a real Ray head (no mocks): builder -> submit -> observe -> stop.
 
-The head declares 2 logical GPUs and 4 ``worker_node`` units on this CPU machine, so Ray's
-own admission (a 2-GPU job waits while another holds both GPUs) is observable here.
+It uses the session's shared head (``ray_head`` in tests/conftest.py), which declares 2 logical
+GPUs and 4 ``worker_node`` units on this CPU machine, so Ray's own admission (a 2-GPU job waits
+while another holds both GPUs) is observable here.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import shlex
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +23,7 @@ from reconciler.plan.actual import ActualJob
 from reconciler.plan.demand import task_resources
 from reconciler.spec.hashing import submission_id, task_spec_hash
 from reconciler.spec.types import ClusterSpec, ObjectKey, Paths, TaskSpec, Training
-from reconciler.testing.ray_head import RayHead, start_head
+from reconciler.testing.ray_head import RayHead
 
 pytestmark = pytest.mark.e2e
 
@@ -31,19 +31,10 @@ REPO = Path(__file__).resolve().parents[2]
 PY = shlex.quote(sys.executable)
 
 
-@pytest.fixture(scope="session")
-def jobs_head() -> Iterator[RayHead]:
-    """A private head: 4 CPUs, 2 logical GPUs, 4 ``worker_node`` (driver placement) units."""
-    head = start_head(num_cpus=4, num_gpus=2, resources={"worker_node": 4})
-    try:
-        yield head
-    finally:
-        head.stop()
-
-
-@pytest.fixture(scope="session")
-def dash(jobs_head: RayHead) -> Dashboard:
-    return Dashboard(jobs_head.dashboard_url)
+@pytest.fixture(scope="module")
+def dash(ray_head: RayHead) -> Dashboard:
+    """The session's shared head (tests/conftest.py): 2 logical GPUs, 4 ``worker_node`` units."""
+    return Dashboard(ray_head.dashboard_url)
 
 
 @pytest.fixture(scope="session")
