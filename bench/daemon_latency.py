@@ -65,6 +65,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def latency(root: Path, dash_url: str, pushes: int) -> tuple[list[float], list[float]]:
+    (root / "lat").mkdir()
     repo = ConfigRepo(root / "lat")
     users = root / "lat-users"
     (users / "bench").mkdir(parents=True)
@@ -109,6 +110,7 @@ def latency(root: Path, dash_url: str, pushes: int) -> tuple[list[float], list[f
 
 
 def memory(root: Path, dash_url: str) -> tuple[float, float]:
+    (root / "mem").mkdir()
     repo = ConfigRepo(root / "mem")
     users = root / "mem-users"
     users.mkdir()

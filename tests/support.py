@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from reconciler.dashboard import Dashboard
 
 ENGINE = {"max_model_len": 256, "dtype": "bfloat16", "enforce_eager": True}
 GIT_ENV = {
@@ -80,3 +85,32 @@ def cluster_yaml(hf_cache: Path, users_root: Path, serve_port: int, **extra: Any
 
 def model_yaml(source: str, replicas: int = 1, **fields: Any) -> dict[str, Any]:
     return {"kind": "Model", "source": source, "replicas": replicas, "engine_kwargs": dict(ENGINE), **fields}
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 60.0, every: float = 1.0) -> Any:
+    """Poll ``check`` until it returns something truthy (returned); fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+def remove_apps(dash: Dashboard, doomed: Callable[[str], bool]) -> None:
+    """PUT every declarative Serve app except the ``doomed`` ones, so the Serve instance the
+    test session shares stays as other modules expect it."""
+    from reconciler.observe.serve import observe_serve
+
+    obs = observe_serve(dash)
+    keep = [a for n, a in obs.apps.items() if not doomed(n)]
+    if len(keep) == len(obs.apps):
+        return
+    body: dict[str, Any] = {"applications": keep}
+    if obs.http_options:
+        body["http_options"] = obs.http_options
+    if obs.proxy_location:
+        body["proxy_location"] = obs.proxy_location
+    dash.put("/api/serve/applications/", body)

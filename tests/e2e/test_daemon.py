@@ -17,7 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from reconciler.observe.serve import observe_serve
 from reconciler.spec.types import ObjectKey
 from reconciler.status.branch import read_documents
 from reconciler.testing.ray_head import RayHead, free_port
-from tests.support import ConfigRepo, cluster_yaml, git, model_yaml
+from tests.support import ConfigRepo, cluster_yaml, git, model_yaml, remove_apps, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -37,17 +37,6 @@ SECRET = "s3cret-webhook"
 MODEL = "users/carol/models/chat.yaml"
 TASK = "users/carol/tasks/sleepy.yaml"
 KEY = ObjectKey("carol", "model", "chat")
-
-
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 300.0, every: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
 class DaemonProc:
@@ -141,17 +130,7 @@ def env(ray_head: RayHead, tiny_llama: Path, hf_cache: Path, tmp_path_factory: p
         yield Env(repo, daemon, dash, ray_head, hf_cache, users)
     finally:
         daemon.stop()
-        _remove_owned_apps(dash)
-
-
-def _remove_owned_apps(dash: Dashboard) -> None:
-    """Leave the shared Serve instance as other test modules expect it: no argus model apps."""
-    obs = observe_serve(dash)
-    keep = [a for n, a in obs.apps.items() if not n.startswith("argus--")]
-    body: dict[str, Any] = {"applications": keep}
-    if obs.http_options:
-        body["http_options"] = obs.http_options
-    dash.put("/api/serve/applications/", body)
+        remove_apps(dash, lambda name: name.startswith("argus--carol--"))
 
 
 def status(repo: ConfigRepo, path: str = MODEL) -> dict[str, Any]:
@@ -170,9 +149,10 @@ def test_push_deploys_model_and_status_shows_running(env: Env) -> None:
     repo, dash = env.repo, env.dash
     repo.write(MODEL, model_yaml("argus-test/tiny-llama"))
     repo.commit_push("carol: deploy chat")
-    doc = wait_for(
+    doc = wait_for(  # first model load: up to minutes on 2 cores
         lambda: status(repo).get("state") == "RUNNING" and status(repo)["replicas"]["ready"] == 1 and status(repo),
         "chat RUNNING on the status branch",
+        timeout=300,
     )
     served = doc["served_name"]
     assert served.startswith("carol-") and served.endswith("-chat")

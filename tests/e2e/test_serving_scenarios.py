@@ -45,7 +45,7 @@ from reconciler.observe.serve import observe_serve
 from reconciler.spec.types import ClusterSpec, Serving
 from reconciler.testing.deps import require
 from reconciler.testing.ray_head import RayHead
-from tests.support import ENGINE, ConfigRepo, cluster_yaml, model_yaml
+from tests.support import ENGINE, ConfigRepo, cluster_yaml, model_yaml, remove_apps, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -149,37 +149,12 @@ class Env:
         return observe_serve(self.dash).replica_ids.get(app, ())
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 60.0, every: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(every)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
-
-
 def deploy_foreign(dash: Dashboard, serve_port: int) -> None:
     """Someone else deploys an app out of band, the careful way: GET everything, add theirs, PUT."""
     obs = observe_serve(dash)
     apps = [a for n, a in obs.apps.items() if n != FOREIGN_NAME]
     cluster = ClusterSpec(serving=Serving(accelerator="cpu", http_port=serve_port))
     dash.put("/api/serve/applications/", serve_config([*apps, FOREIGN], cluster))
-
-
-def remove_apps(dash: Dashboard, doomed: Callable[[str], bool]) -> None:
-    """PUT everything except the ``doomed`` apps (the shared Serve instance stays usable)."""
-    obs = observe_serve(dash)
-    keep = [a for n, a in obs.apps.items() if not doomed(n)]
-    if len(keep) == len(obs.apps):
-        return
-    body: dict[str, Any] = {"applications": keep}
-    if obs.http_options:
-        body["http_options"] = obs.http_options
-    if obs.proxy_location:
-        body["proxy_location"] = obs.proxy_location
-    dash.put("/api/serve/applications/", body)
 
 
 def stop_hog(env: Env) -> None:

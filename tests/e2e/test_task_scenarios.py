@@ -29,7 +29,7 @@ from reconciler.dashboard import Dashboard
 from reconciler.observe.capacity import observe_capacity
 from reconciler.observe.serve import observe_serve
 from reconciler.testing.ray_head import RayHead
-from tests.support import ConfigRepo, cluster_yaml, model_yaml
+from tests.support import ConfigRepo, cluster_yaml, model_yaml, remove_apps
 
 pytestmark = pytest.mark.e2e
 
@@ -72,13 +72,7 @@ def _cleanup(dash: Dashboard) -> None:
     for job in frank_jobs(dash):
         if job.get("status") in ACTIVE:
             stop_job(dash, str(job["submission_id"]))
-    obs = observe_serve(dash)
-    if any(name.startswith(f"argus--{USER}--") for name in obs.apps):
-        keep = [a for n, a in obs.apps.items() if not n.startswith(f"argus--{USER}--")]
-        body: dict[str, Any] = {"applications": keep}
-        if obs.http_options:
-            body["http_options"] = obs.http_options
-        dash.put("/api/serve/applications/", body)
+    remove_apps(dash, lambda name: name.startswith(f"argus--{USER}--"))
 
 
 # -- helpers ------------------------------------------------------------------------------
