@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -269,6 +269,49 @@ def test_kill9_during_status_commit_converges(env: Env) -> None:
     )
     assert len(owned_jobs(dash, "argus-carol-")) == jobs + 1
     assert replica_ids(dash) == ids
+
+
+def test_source_unavailable_deletes_nothing_and_recovers(env: Env) -> None:
+    repo, dash = env.repo, env.dash
+    head = git(repo.bare, "rev-parse", "main").strip()
+    ids = replica_ids(dash)
+    git(repo.bare, "update-ref", "-d", "refs/heads/main")  # the branch is gone (a bad force push, say)
+    wait_for(
+        lambda: "source unavailable" in git(repo.bare, "show", "argus/status:README.md"),
+        "the status README to say the source is unavailable",
+        timeout=60,
+    )
+    assert status(repo)["state"] == "RUNNING", "an unavailable source must not delete anything"
+    assert replica_ids(dash) == ids
+    git(repo.bare, "update-ref", "refs/heads/main", head)
+    wait_for(
+        lambda: "source unavailable" not in git(repo.bare, "show", "argus/status:README.md"),
+        "reconciling to resume",
+        timeout=60,
+    )
+    assert replica_ids(dash) == ids
+
+
+def test_ray_unreachable_backs_off_and_applies_nothing(env: Env, tmp_path: Path) -> None:
+    lost = DaemonProc(env.repo, env.head, tmp_path)
+    lost.head = replace(env.head, ports={**env.head.ports, "dashboard-port": free_port()})  # nobody listens
+    lost.start()
+    try:
+        time.sleep(8)
+        assert lost.proc is not None and lost.proc.poll() is None, "the daemon must keep running"
+        health = urllib.request.Request(f"http://{lost.listen}/healthz")
+        try:
+            urllib.request.urlopen(health, timeout=5)
+            code = 200
+        except urllib.error.HTTPError as exc:
+            code = exc.code
+        assert code == 503
+        metrics = urllib.request.urlopen(f"http://{lost.listen}/metrics", timeout=5).read().decode()
+        assert 'argus_errors_total{kind="ray"}' in metrics
+        assert "ray_unavailable" in lost.log()
+    finally:
+        lost.stop()
+    assert status(env.repo)["state"] == "RUNNING"
 
 
 def test_push_deleting_the_model_removes_it(env: Env) -> None:
