@@ -257,3 +257,18 @@ def test_pre_commit_hook_manifest() -> None:
     files = re.compile(hook["files"])
     assert files.search("cluster.yaml") and files.search("users/alice/models/m.yaml")
     assert not files.search("README.md")
+
+
+def test_every_package_and_the_schemas_ship_in_the_wheel() -> None:
+    """pyproject lists packages explicitly (for the schemas/ mapping): keep it complete."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "reconciler").rglob("__init__.py")}
+    assert set(config["packages"]) == on_disk | {"reconciler.schemas"}
+    assert config["package-dir"]["reconciler.schemas"] == "schemas"
+    assert {p.name for p in (ROOT / "schemas").glob("*.schema.json")} == {
+        "model.schema.json",
+        "task.schema.json",
+        "cluster.schema.json",
+    }
