@@ -40,7 +40,7 @@ from reconciler.source.remote import RepoSource
 from reconciler.source.signatures import SignatureVerifier
 from reconciler.spec.loader import ParseCache, TaskCheck, load
 from reconciler.spec.paths import FileSystem
-from reconciler.spec.types import DesiredState, ObjectKey
+from reconciler.spec.types import DesiredState, ObjectKey, TaskSpec
 from reconciler.status.writer import StatusReport, StatusWriter
 
 log = logging.getLogger("argus")
@@ -112,6 +112,7 @@ class Reconciler:
         self.verifier = SignatureVerifier(source.repo)
         self.rejections: list[str] = []
         self._put_memo: dict[str, Any] = {}
+        self._subject = ""
 
     # -- load ---------------------------------------------------------------------------
     def load(self, commit: str | None = None, *, fetch: bool = True) -> tuple[DesiredState, str, int]:
@@ -161,7 +162,7 @@ class Reconciler:
             serve=serve,
             plan=plan,
             statuses={},
-            subject=getattr(self, "_subject", ""),
+            subject=self._subject,
             commit_time=commit_time,
         )
         result.notes.extend(f"unverified change kept out: {r}" for r in self.rejections)
@@ -182,11 +183,14 @@ class Reconciler:
             self._record(result, [action.key], self._try(partial(stop_job, self.dash, sid)))
         self._apply_serve(result)
         for action in plan.of(ActionType.SUBMIT_TASK):
-            body = job_submission(
-                desired.tasks[action.key], desired.cluster, revision=result.revision, secrets_env=self.secrets_env
-            )
-            self._record(result, [action.key], self._try(partial(submit_job, self.dash, body)))
+            task = desired.tasks[action.key]
+            self._record(result, [action.key], self._try(partial(self._submit, task, desired, result.revision)))
             faults.point("after_submit")
+
+    def _submit(self, task: TaskSpec, desired: DesiredState, revision: str) -> None:
+        """Build and submit one run. Raises PermanentError (cannot be built) or ApplyFailed."""
+        body = job_submission(task, desired.cluster, revision=revision, secrets_env=self.secrets_env)
+        submit_job(self.dash, body)
 
     def _apply_serve(self, result: TickResult) -> None:
         """Send the whole owned app set in one PUT, only when it differs from what runs."""
