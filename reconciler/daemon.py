@@ -26,7 +26,7 @@ from reconciler.apply.serve import apply_serve
 from reconciler.builders.jobs import job_submission
 from reconciler.builders.serve import app_name, model_app_config
 from reconciler.dashboard import Dashboard
-from reconciler.errors import ArgusError, RayUnavailable, SourceUnavailable
+from reconciler.errors import ApplyFailed, ArgusError, PermanentError, RayUnavailable, SourceUnavailable
 from reconciler.observe.capacity import observe_capacity
 from reconciler.observe.jobs import observe_jobs
 from reconciler.observe.serve import ServeObservation, observe_serve
@@ -38,6 +38,7 @@ from reconciler.server import Metrics
 from reconciler.source.localfs import LocalFS
 from reconciler.source.remote import RepoSource
 from reconciler.source.signatures import SignatureVerifier
+from reconciler.spec.hashing import task_spec_hash
 from reconciler.spec.loader import ParseCache, TaskCheck, load
 from reconciler.spec.paths import FileSystem
 from reconciler.spec.types import DesiredState, ObjectKey, TaskSpec
@@ -113,6 +114,7 @@ class Reconciler:
         self.rejections: list[str] = []
         self._put_memo: dict[str, Any] = {}
         self._subject = ""
+        self._refused: dict[tuple[ObjectKey, str | None], str] = {}
 
     # -- load ---------------------------------------------------------------------------
     def load(self, commit: str | None = None, *, fetch: bool = True) -> tuple[DesiredState, str, int]:
@@ -184,13 +186,22 @@ class Reconciler:
         self._apply_serve(result)
         for action in plan.of(ActionType.SUBMIT_TASK):
             task = desired.tasks[action.key]
+            refused = self._refused.get((action.key, action.spec_hash))
+            if refused is not None:  # permanent: not retried until the spec changes (kopf's rule)
+                result.failures[action.key] = refused
+                continue
             self._record(result, [action.key], self._try(partial(self._submit, task, desired, result.revision)))
             faults.point("after_submit")
 
     def _submit(self, task: TaskSpec, desired: DesiredState, revision: str) -> None:
         """Build and submit one run. Raises PermanentError (cannot be built) or ApplyFailed."""
-        body = job_submission(task, desired.cluster, revision=revision, secrets_env=self.secrets_env)
-        submit_job(self.dash, body)
+        try:
+            body = job_submission(task, desired.cluster, revision=revision, secrets_env=self.secrets_env)
+            submit_job(self.dash, body)
+        except (PermanentError, ApplyFailed) as exc:
+            if isinstance(exc, PermanentError) or exc.permanent:
+                self._refused[(task.key, task_spec_hash(task))] = f"{exc} (not retried until the file changes)"
+            raise
 
     def _apply_serve(self, result: TickResult) -> None:
         """Send the whole owned app set in one PUT, only when it differs from what runs."""
