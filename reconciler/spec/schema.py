@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -62,8 +63,10 @@ def _to_issues(doc: Document, error: ValidationError) -> list[Issue]:
     name = _field(where)
     prefix = f"{name}: " if name else ""
     validator = error.validator
+    # The failing subschema: a mapping, or False for a `false` schema (never Unset here).
+    sub: Mapping[str, Any] = error.schema if isinstance(error.schema, Mapping) else {}
     if validator == "additionalProperties" and isinstance(error.instance, dict):
-        allowed = sorted(error.schema.get("properties", {}))
+        allowed = sorted(sub.get("properties", {}))
         extras = [k for k in error.instance if k not in allowed]
         out = []
         for key in extras:
@@ -74,11 +77,11 @@ def _to_issues(doc: Document, error: ValidationError) -> list[Issue]:
     if "propertyNames" in error.schema_path and isinstance(error.instance, str):
         # A bad key (env name, forbidden engine argument): report it on the key's own line.
         key = error.instance
-        forbidden = error.schema.get("not", {}).get("enum")
+        forbidden = sub.get("not", {}).get("enum")
         if forbidden and key in forbidden:
             msg = f"{_field((*where, key))}: is derived by argus and cannot be set here"
         else:
-            pattern = error.schema.get("pattern")
+            pattern = sub.get("pattern")
             msg = f"{_field((*where, key))}: invalid name {key!r}" + (f" (must match {pattern})" if pattern else "")
         return [Issue(doc.path, doc.line((*where, key)), msg)]
     if error.schema is False:
@@ -93,7 +96,7 @@ def _to_issues(doc: Document, error: ValidationError) -> list[Issue]:
         expected = error.validator_value
         return [Issue(doc.path, doc.line(where), f"{prefix}expected {_types(expected)}, got {_show(error.instance)}")]
     if validator == "enum":
-        options = ", ".join(map(str, error.validator_value))
+        options = ", ".join(str(v) for v in error.validator_value)  # type: ignore[union-attr]
         return [Issue(doc.path, doc.line(where), f"{prefix}{_show(error.instance)} is not one of: {options}")]
     if validator == "const":
         return [

@@ -51,20 +51,20 @@ class _StrictLoader(yaml.SafeLoader):  # type: ignore[misc]
 
     _depth = 0
 
-    def compose_node(self, parent: Node | None, index: Any) -> Node:  # type: ignore[override]
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
+            event = self.peek_event()  # type: ignore[no-untyped-call]
             raise yaml.MarkedYAMLError(
                 None, None, "YAML aliases (*name) are not allowed in argus files; write the value out", event.start_mark
             )
         if self._depth >= MAX_DEPTH:
-            event = self.peek_event()
+            event = self.peek_event()  # type: ignore[no-untyped-call]
             raise yaml.MarkedYAMLError(
                 None, None, f"nesting deeper than {MAX_DEPTH} levels is not allowed", event.start_mark
             )
         self._depth += 1
         try:
-            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+            return super().compose_node(parent, index)
         finally:
             self._depth -= 1
 
@@ -109,7 +109,7 @@ def parse(path: str, content: bytes) -> Document:
     return doc
 
 
-_PLAIN_TAGS = {SequenceNode: "tag:yaml.org,2002:seq", MappingNode: "tag:yaml.org,2002:map"}
+_PLAIN_TAGS: dict[type[Node], str] = {SequenceNode: "tag:yaml.org,2002:seq", MappingNode: "tag:yaml.org,2002:map"}
 
 
 def _convert(node: Node, where: JsonPath, doc: Document, loader: yaml.SafeLoader) -> Any:
