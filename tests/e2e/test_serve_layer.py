@@ -10,8 +10,7 @@ test_serving_scenarios.py.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from reconciler.observe.serve import ServeObservation, observe_serve
 from reconciler.spec.hashing import model_spec_hash
 from reconciler.spec.types import ClusterSpec, ModelSpec, ObjectKey, Serving
 from reconciler.testing.deps import require
+from tests.support import remove_apps, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -77,18 +77,6 @@ CHAT = model("alice", "chat")
 FOREIGN = {"name": "someone-else", "route_prefix": "/foreign", "import_path": "reconciler.testing.foreign_app:app"}
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout: float = DEPLOY_TIMEOUT_S, every: float = 2.0) -> Any:
-    """Poll ``check`` until it returns a truthy value; fail with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
-
-
 def wait_running(env: Env, names: list[str], **ready: int) -> ServeObservation:
     """Wait until ``names`` are RUNNING (and apps in ``ready`` have that many RUNNING replicas)."""
 
@@ -105,7 +93,7 @@ def wait_running(env: Env, names: list[str], **ready: int) -> ServeObservation:
                 return None
         return obs
 
-    return wait_for(check, f"{names} RUNNING {ready or ''}")
+    return wait_for(check, f"{names} RUNNING {ready or ''}", timeout=DEPLOY_TIMEOUT_S, every=2.0)
 
 
 def served(env: Env) -> set[str]:
@@ -132,21 +120,7 @@ def env(ray_head: Any, tiny_llama: Path) -> Iterator[Env]:
     try:
         yield e
     finally:
-        _remove_apps(e.dash)
-
-
-def _remove_apps(dash: Dashboard) -> None:
-    """Leave the shared Serve instance clean for later modules: no model app, no foreign app of ours."""
-    obs = observe_serve(dash)
-    keep = [a for n, a in obs.apps.items() if not n.startswith("argus--") and n != FOREIGN["name"]]
-    if len(keep) == len(obs.apps):
-        return
-    body: dict[str, Any] = {"applications": keep}
-    if obs.http_options:
-        body["http_options"] = obs.http_options
-    if obs.proxy_location:
-        body["proxy_location"] = obs.proxy_location
-    dash.put("/api/serve/applications/", body)
+        remove_apps(e.dash, lambda name: name.startswith("argus--") or name == FOREIGN["name"])
 
 
 def test_chat_answers(env: Env) -> None:
