@@ -440,7 +440,7 @@ def test_trained_model_answers_last(env: Env) -> None:
     """The model deployed from the fine-tune's checkpoint reaches RUNNING and answers a chat
     request through the official OpenAI client (base_url = the Serve proxy's /v1)."""
     if "checkpoint" not in TRAINED:
-        pytest.skip("the fine-tune scenario did not deploy the model")
+        pytest.fail("the fine-tune scenario did not produce a checkpoint to serve (see its failure)")
     dash = env.dash
     live = reconcile_until(
         env,
