@@ -30,7 +30,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -55,6 +54,7 @@ from reconciler.observe.capacity import observe_capacity  # noqa: E402
 from reconciler.observe.serve import SERVE_APPS_PATH, observe_serve  # noqa: E402
 from reconciler.spec.hashing import model_spec_hash  # noqa: E402
 from reconciler.spec.types import ModelSpec, ObjectKey  # noqa: E402
+from reconciler.testing.load import RequestLooper  # noqa: E402
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "bench",
@@ -138,37 +138,6 @@ def replicas_by_deployment(dash: Dashboard, apps: list[str]) -> dict[str, set[st
 
 def cpus_free(dash: Dashboard, total: float) -> bool:
     return observe_capacity(dash).available.get("CPU", 0.0) >= total
-
-
-class Looper:
-    """Sends completions to one model in a thread, counting successes and failures."""
-
-    def __init__(self, base_url: str, model_id: str) -> None:
-        import openai
-
-        self.client = openai.OpenAI(base_url=base_url + "/v1", api_key="none", max_retries=0, timeout=60)
-        self.model_id = model_id
-        self.ok = 0
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.client.completions.create(model=self.model_id, prompt="hi", max_tokens=2, temperature=0)
-                self.ok += 1
-            except Exception as exc:  # every kind of failure counts
-                self.failures.append(type(exc).__name__)
-                time.sleep(0.05)  # a refused connection fails fast: do not spin
-
-    def __enter__(self) -> Looper:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=120)
 
 
 class Bench:
@@ -306,7 +275,10 @@ def change_with_client(
     before = {k: v for k, v in before.items() if k in others}
     assert all(before.values()), before
     start = time.monotonic()
-    with Looper(b.head.serve_url, model_a) as looper:
+    import openai
+
+    client = openai.OpenAI(base_url=b.head.serve_url + "/v1", api_key="none", max_retries=0, timeout=60)
+    with RequestLooper(client, model_a) as looper:
         time.sleep(2)
         ok_before = looper.ok
         change()

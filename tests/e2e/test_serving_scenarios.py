@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 import uuid
@@ -44,6 +43,7 @@ from reconciler.observe.capacity import observe_capacity
 from reconciler.observe.serve import observe_serve
 from reconciler.spec.types import ClusterSpec, Serving
 from reconciler.testing.deps import require
+from reconciler.testing.load import RequestLooper
 from reconciler.testing.ray_head import RayHead
 from tests.support import ENGINE, ConfigRepo, cluster_yaml, model_yaml, remove_apps, wait_for
 
@@ -199,33 +199,6 @@ def assert_foreign_untouched(env: Env) -> None:
         assert json.loads(resp.read()) == {"foreign": True, "path": "/neighbour/ping"}
 
 
-class Looper:
-    """Sends completions to one model in a thread, counting successes and failures."""
-
-    def __init__(self, env: Env, model_id: str) -> None:
-        self.client, self.model_id = env.client(), model_id
-        self.ok = 0
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.client.completions.create(model=self.model_id, prompt="hi", max_tokens=2, temperature=0)
-                self.ok += 1
-            except Exception as exc:  # every kind of failure counts
-                self.failures.append(repr(exc))
-
-    def __enter__(self) -> Looper:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=90)
-
-
 def test_1_deploy_chat_and_stream(env: Env) -> None:
     env.repo.write(A_PATH, model_yaml(TINY))
     env.repo.commit_push("dora: deploy chat")
@@ -255,7 +228,7 @@ def test_2_add_embedding_model_while_a_serves(env: Env) -> None:
 
     a_before = env.replicas(APP_A)
     assert len(a_before) == 1
-    with Looper(env, env.served[A_KEY]) as looper:
+    with RequestLooper(env.client(), env.served[A_KEY]) as looper:
         env.repo.write(B_PATH, model_yaml(MINILM, engine_kwargs=dict(EMBED_ENGINE)))
         env.repo.commit_push("dora: add embed")
         env.reconcile_until(lambda r: r.running(B_KEY) and r.running(A_KEY), "B RUNNING next to A")
