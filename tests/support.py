@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from reconciler.spec.types import ObjectKey, TaskSpec
+
 if TYPE_CHECKING:
     from reconciler.dashboard import Dashboard
 
@@ -114,3 +116,45 @@ def remove_apps(dash: Dashboard, doomed: Callable[[str], bool]) -> None:
     if obs.proxy_location:
         body["proxy_location"] = obs.proxy_location
     dash.put("/api/serve/applications/", body)
+
+
+TASK_RAW_FIELDS = (
+    "workload",
+    "model",
+    "nodes",
+    "gpus_per_node",
+    "epochs",
+    "steps",
+    "overrides",
+    "command",
+    "env",
+    "run",
+)
+
+
+def task_spec(user: str, name: str, workload: str = "command", **fields: Any) -> TaskSpec:
+    """A resolved TaskSpec as the loader would produce it; ``raw`` (what the spec hash covers)
+    is built from the fields a task file holds, plus the name."""
+    base: dict[str, Any] = {
+        "key": ObjectKey(user, "task", name),
+        "workload": workload,
+        "model": None,
+        "model_path": None,
+        "data_train": None,
+        "data_val": None,
+        "nodes": 1,
+        "gpus_per_node": 1,
+        "epochs": 1,
+        "steps": None,
+        "overrides": (),
+        "override_lines": (),
+        "command": None,
+        "working_dir": None,
+        "env": {},
+        "run": 1,
+        "suspend": False,
+        "created_at": 0,
+    }
+    base.update(fields)
+    raw = {k: base[k] for k in TASK_RAW_FIELDS}
+    return TaskSpec(**base, raw={**raw, "name": name})

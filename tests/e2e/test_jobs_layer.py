@@ -24,6 +24,7 @@ from reconciler.plan.demand import task_resources
 from reconciler.spec.hashing import submission_id, task_spec_hash
 from reconciler.spec.types import ClusterSpec, ObjectKey, Paths, TaskSpec, Training
 from reconciler.testing.ray_head import RayHead
+from tests.support import task_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -48,27 +49,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> ClusterSpec:
 
 
 def command_task(name: str, command: str, *, gpus: int = 0, working_dir: str | None = None, run: int = 1) -> TaskSpec:
-    raw = {"workload": "command", "command": command, "gpus_per_node": gpus, "run": run, "name": name}
-    return TaskSpec(
-        key=ObjectKey("alice", "task", name),
-        workload="command",
-        model=None,
-        model_path=None,
-        data_train=None,
-        data_val=None,
-        nodes=1,
-        gpus_per_node=gpus,
-        epochs=1,
-        steps=None,
-        overrides=(),
-        override_lines=(),
-        command=command,
-        working_dir=working_dir,
-        env={"ARGUS_TEST": "1"},
-        run=run,
-        suspend=False,
-        created_at=0,
-        raw=raw,
+    return task_spec(
+        "alice", name, command=command, gpus_per_node=gpus, working_dir=working_dir, run=run, env={"ARGUS_TEST": "1"}
     )
 
 

@@ -11,42 +11,30 @@ from reconciler.builders.jobs import job_submission, run_dir, verl_argv
 from reconciler.checks.verl_overrides import check_overrides, verl_available
 from reconciler.errors import PermanentError
 from reconciler.spec.hashing import submission_id, task_spec_hash
-from reconciler.spec.types import ClusterSpec, ObjectKey, Paths, TaskSpec, Training
+from reconciler.spec.types import ClusterSpec, Paths, TaskSpec, Training
+from tests.support import task_spec
 
 CLUSTER = ClusterSpec(
     paths=Paths(common="/shared/hf", users="/shared/users"),
     training=Training(rollout="vllm", driver_resources={"worker_node": 1.0}),
     env={"HF_HUB_OFFLINE": "1"},
 )
-RAW_FIELDS = {"workload", "model", "nodes", "gpus_per_node", "epochs", "steps", "overrides", "command", "env", "run"}
 MODEL = "/shared/hf/hub/models--Qwen--Qwen2.5-0.5B/snapshots/abc"
 
 
 def make_task(workload: str, name: str = "t", **kw: object) -> TaskSpec:
     """A resolved TaskSpec as the loader produces it (``raw`` = the normalised file)."""
-    base: dict[str, object] = dict(
-        key=ObjectKey("alice", "task", name),
-        workload=workload,
-        model="Qwen/Qwen2.5-0.5B" if workload != "command" else None,
-        model_path=MODEL if workload != "command" else None,
-        data_train="/shared/users/alice/data/train.parquet" if workload != "command" else None,
-        data_val="/shared/users/alice/data/val.parquet" if workload != "command" else None,
-        nodes=1,
-        gpus_per_node=2,
-        epochs=1,
-        steps=None,
-        overrides=(),
-        override_lines=(),
-        command=None,
-        working_dir=None,
-        env={},
-        run=1,
-        suspend=False,
-        created_at=1764460800,
-    )
+    trainer = workload != "command"
+    base: dict[str, object] = {
+        "model": "Qwen/Qwen2.5-0.5B" if trainer else None,
+        "model_path": MODEL if trainer else None,
+        "data_train": "/shared/users/alice/data/train.parquet" if trainer else None,
+        "data_val": "/shared/users/alice/data/val.parquet" if trainer else None,
+        "gpus_per_node": 2,
+        "created_at": 1764460800,
+    }
     base.update(kw)
-    raw = {k: v for k, v in base.items() if k in RAW_FIELDS}
-    return TaskSpec(**base, raw={**raw, "name": name})  # type: ignore[arg-type]
+    return task_spec("alice", name, workload, **base)
 
 
 def test_ppo_argv_exact() -> None:

@@ -14,6 +14,7 @@ from reconciler.plan.actual import ActualJob, ActualModel, ActualState, Capacity
 from reconciler.plan.planner import free_capacity, plan
 from reconciler.spec.hashing import model_spec_hash, submission_id, task_spec_hash
 from reconciler.spec.types import ClusterSpec, DesiredState, ModelSpec, ObjectKey, TaskSpec, UserPolicy
+from tests import support
 
 USERS = ("alice", "bob", "carol")
 NAMES = ("a", "b", "c")
@@ -36,35 +37,17 @@ def model_spec(key: ObjectKey, replicas: int, gpus: int, created: int, suspend: 
     )
 
 
-def task_spec(key: ObjectKey, gpus: int, run: int, created: int, suspend: bool) -> TaskSpec:
-    raw = {
-        "kind": "Task",
-        "workload": "grpo",
-        "model": "Qwen/Qwen2.5-0.5B-Instruct",
-        "nodes": 1,
-        "gpus_per_node": gpus,
-        "run": run,
-    }
-    return TaskSpec(
-        key=key,
-        workload="grpo",
+def grpo_task(key: ObjectKey, gpus: int, run: int, created: int, suspend: bool) -> TaskSpec:
+    return support.task_spec(
+        key.user,
+        key.name,
+        "grpo",
         model="Qwen/Qwen2.5-0.5B-Instruct",
-        model_path=None,
         data_train="/d/t.parquet",
-        data_val=None,
-        nodes=1,
         gpus_per_node=gpus,
-        epochs=1,
-        steps=None,
-        overrides=(),
-        override_lines=(),
-        command=None,
-        working_dir=None,
-        env={},
         run=run,
-        suspend=suspend,
         created_at=created,
-        raw=raw,
+        suspend=suspend,
     )
 
 
@@ -83,7 +66,7 @@ def scenarios(draw: st.DrawFn) -> tuple[DesiredState, ActualState]:
             spec = model_spec(key, draw(st.integers(1, 4)), draw(st.integers(1, 2)), created, suspend)
             desired.models[key] = spec
         else:
-            desired.tasks[key] = task_spec(key, draw(st.integers(1, 4)), draw(st.integers(1, 2)), created, suspend)
+            desired.tasks[key] = grpo_task(key, draw(st.integers(1, 4)), draw(st.integers(1, 2)), created, suspend)
     actual = ActualState()
     for key in draw(st.lists(st.sampled_from([k for k in keys if k.kind == "model"]), unique=True, max_size=9)):
         spec = desired.models.get(key)
