@@ -1,0 +1,22 @@
+"""The contract between the daemon's HTTP server and the pages it serves.
+
+A page handler is ``(method, path, query) -> Response | None``; None means "not mine" (404).
+The server owns sockets, limits and timeouts; handlers own content. ``body`` may be an
+iterable of chunks, which the server streams (live logs) and stops when the client leaves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Response:
+    status: int
+    content_type: str
+    body: bytes | Iterable[bytes]
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+PageHandler = Callable[[str, str, Mapping[str, list[str]]], "Response | None"]
