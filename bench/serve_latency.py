@@ -5,7 +5,7 @@ starts with :func:`reconciler.testing.ray_head.start_head` and stops at the end,
 random-weight Llama generated into a temporary Hugging Face cache.
 
 (a) **commit -> RUNNING**: one tiny model through the reconciler (a commit pushed to a bare
-    repository, then :class:`reconciler.daemon.Reconciler` ticks in-process every ``--poll`` s
+    repository, then :class:`reconciler.tick.Reconciler` ticks in-process every ``--poll`` s
     until it reports the model RUNNING) versus a direct ``PUT /api/serve/applications/`` of the
     same Serve config (the builder's model application plus the router), then ``GET`` every
     ``--poll`` s until the application is RUNNING. Runs alternate (reconciler, direct, ...),
@@ -142,8 +142,8 @@ def cpus_free(dash: Dashboard, total: float) -> bool:
 
 class Bench:
     def __init__(self, head: Any, hf_cache: Path, root: Path, poll: float) -> None:
-        from reconciler.daemon import Reconciler
         from reconciler.source.remote import open_source
+        from reconciler.tick import Reconciler
 
         self.head, self.poll = head, poll
         self.dash = Dashboard(head.dashboard_url)

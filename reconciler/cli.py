@@ -28,7 +28,7 @@ from reconciler.spec.paths import FileSystem
 from reconciler.spec.types import DesiredState
 
 if TYPE_CHECKING:
-    from reconciler.daemon import TickResult
+    from reconciler.tick import TickResult
 
 EPILOG = """\
 exit codes:
@@ -129,7 +129,7 @@ def _states_table(result: TickResult) -> str:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    from reconciler.daemon import Reconciler
+    from reconciler.tick import Reconciler
 
     if not args.once:
         raise ArgusError("reconcile runs one tick and needs --once; use `argus run` for the daemon")
@@ -170,9 +170,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     import logging
     import signal
 
-    from reconciler.daemon import Daemon, Reconciler
+    from reconciler.loop import Daemon
     from reconciler.server import start_server
     from reconciler.status.writer import StatusWriter
+    from reconciler.tick import Reconciler
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     logging.getLogger("watchfiles").setLevel(logging.WARNING)  # it logs every batch of changes

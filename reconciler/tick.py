@@ -1,0 +1,246 @@
+"""One tick = load -> observe -> plan -> apply -> assess.
+
+The tick is a straight line (Flux's kustomize-controller): fetch the source, build the
+desired state, observe Ray, plan (pure), apply (stops, one Serve PUT, submissions), assess
+health and sync. Nothing is stored outside git and Ray: a restarted daemon rebuilds
+everything from the repository, Ray's labels and app names.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from reconciler import faults
+from reconciler.apply.jobs import stop_job, submit_job
+from reconciler.apply.serve import apply_serve
+from reconciler.builders.jobs import job_submission
+from reconciler.builders.serve import app_name, model_app_config
+from reconciler.dashboard import Dashboard
+from reconciler.errors import ApplyFailed, ArgusError, PermanentError, RayUnavailable
+from reconciler.observe.capacity import observe_capacity
+from reconciler.observe.jobs import observe_jobs
+from reconciler.observe.serve import ServeObservation, observe_serve
+from reconciler.plan.actions import ActionType, Plan
+from reconciler.plan.actual import ActualState
+from reconciler.plan.assess import ObjectStatus, assess
+from reconciler.plan.planner import plan as make_plan
+from reconciler.source.localfs import LocalFS
+from reconciler.source.remote import RepoSource
+from reconciler.source.signatures import SignatureVerifier
+from reconciler.spec.hashing import task_spec_hash
+from reconciler.spec.loader import ParseCache, TaskCheck, load
+from reconciler.spec.paths import FileSystem
+from reconciler.spec.types import DesiredState, ObjectKey, TaskSpec
+
+log = logging.getLogger("argus")
+
+# Secrets reach jobs from the daemon's environment, never from git.
+SECRET_ENV_NAMES = ("WANDB_API_KEY", "HF_TOKEN")
+
+
+def default_task_check() -> TaskCheck | None:
+    try:
+        from reconciler.checks.verl_overrides import check_overrides, verl_available
+    except ImportError:
+        return None
+    return check_overrides if verl_available() else None
+
+
+@dataclass
+class TickResult:
+    """Everything one tick learned and did (the status writers and the CLI read it)."""
+
+    revision: str
+    desired: DesiredState
+    actual: ActualState
+    serve: ServeObservation
+    plan: Plan
+    statuses: dict[ObjectKey, ObjectStatus]
+    applied: set[ObjectKey] = field(default_factory=set)
+    failures: dict[ObjectKey, str] = field(default_factory=dict)
+    serve_put: bool = False
+    notes: list[str] = field(default_factory=list)
+    subject: str = ""
+    commit_time: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "revision": self.revision,
+            "plan": self.plan.to_json(),
+            "errors": [i.to_json() for i in self.desired.issues],
+            "failures": {str(k): v for k, v in self.failures.items()},
+            "notes": self.notes,
+            "objects": [s.to_json() for s in self.statuses.values()],
+        }
+
+
+class Reconciler:
+    """Reconciles one branch of one config repository with one Ray cluster."""
+
+    def __init__(
+        self,
+        source: RepoSource,
+        branch: str,
+        dash: Dashboard,
+        *,
+        fs: FileSystem | None = None,
+        secrets_env: Mapping[str, str] | None = None,
+        task_check: TaskCheck | None = None,
+    ) -> None:
+        self.source = source
+        self.branch = branch
+        self.dash = dash
+        self.fs = fs if fs is not None else LocalFS()
+        self.secrets_env = (
+            dict(secrets_env)
+            if secrets_env is not None
+            else {k: os.environ[k] for k in SECRET_ENV_NAMES if k in os.environ}
+        )
+        self.task_check = task_check if task_check is not None else default_task_check()
+        self.cache = ParseCache()
+        self.verifier = SignatureVerifier(source.repo)
+        self.rejections: list[str] = []
+        self._put_memo: dict[str, Any] = {}
+        self._subject = ""
+        self._refused: dict[tuple[ObjectKey, str | None], str] = {}
+
+    # -- load ---------------------------------------------------------------------------
+    def load(self, commit: str | None = None, *, fetch: bool = True) -> tuple[DesiredState, str, int]:
+        """Fetch (unless ``fetch`` is False) and read the branch head (or ``commit``).
+
+        Raises SourceUnavailable."""
+        if fetch:
+            self.source.fetch()
+        commit = commit or self.source.repo.resolve(f"refs/heads/{self.branch}")
+        trusted = self.verifier.trusted(commit)
+        signed = trusted.settings.enabled or bool(trusted.rejections)
+        snap = self.source.repo.snapshot(commit, self.cache, trusted.entries if signed else None)
+        self.rejections = [str(r) for r in trusted.rejections]
+        desired = load(
+            snap.files,
+            created=snap.created,
+            default_time=snap.commit_time,
+            fs=self.fs,
+            cache=self.cache,
+            task_check=self.task_check,
+            revision=commit,
+            approve_prune=snap.approve_prune,
+        )
+        self._subject = snap.subject
+        return desired, commit, snap.commit_time
+
+    # -- observe ------------------------------------------------------------------------
+    def observe(self) -> tuple[ActualState, ServeObservation]:
+        """Observe Serve, Jobs and capacity. Raises RayUnavailable (apply nothing then)."""
+        serve = observe_serve(self.dash)
+        jobs = observe_jobs(self.dash)
+        capacity = observe_capacity(self.dash)
+        return ActualState(models=dict(serve.models), jobs=jobs, capacity=capacity), serve
+
+    # -- tick ---------------------------------------------------------------------------
+    def tick(self, desired: DesiredState | None = None, revision: str | None = None) -> TickResult:
+        """Run one reconcile. Raises SourceUnavailable / RayUnavailable before applying anything."""
+        commit_time = 0
+        if desired is None:
+            desired, revision, commit_time = self.load()
+        actual, serve = self.observe()
+        plan = make_plan(desired, actual)
+        result = TickResult(
+            revision=revision or "",
+            desired=desired,
+            actual=actual,
+            serve=serve,
+            plan=plan,
+            statuses={},
+            subject=self._subject,
+            commit_time=commit_time,
+        )
+        result.notes.extend(f"unverified change kept out: {r}" for r in self.rejections)
+        result.notes.extend(serve.settings_mismatch(desired.cluster))
+        result.notes.extend(plan.notes)
+        self._apply(result)
+        result.statuses = assess(desired, actual, plan, result.applied)
+        for key, why in result.failures.items():
+            status = result.statuses.get(key)
+            if status is not None:
+                status.reason = f"{status.reason}; apply failed: {why}" if status.reason else f"apply failed: {why}"
+        return result
+
+    def _apply(self, result: TickResult) -> None:
+        plan, desired = result.plan, result.desired
+        for action in plan.of(ActionType.STOP_TASK):
+            sid = action.submission_id or ""
+            self._record(result, [action.key], self._try(partial(stop_job, self.dash, sid)))
+        self._apply_serve(result)
+        for action in plan.of(ActionType.SUBMIT_TASK):
+            task = desired.tasks[action.key]
+            refused = self._refused.get((action.key, action.spec_hash))
+            if refused is not None:  # permanent: not retried until the spec changes (kopf's rule)
+                result.failures[action.key] = refused
+                continue
+            self._record(result, [action.key], self._try(partial(self._submit, task, desired, result.revision)))
+            faults.point("after_submit")
+
+    def _submit(self, task: TaskSpec, desired: DesiredState, revision: str) -> None:
+        """Build and submit one run. Raises PermanentError (cannot be built) or ApplyFailed."""
+        try:
+            body = job_submission(task, desired.cluster, revision=revision, secrets_env=self.secrets_env)
+            submit_job(self.dash, body)
+        except (PermanentError, ApplyFailed) as exc:
+            if isinstance(exc, PermanentError) or exc.permanent:
+                self._refused[(task.key, task_spec_hash(task))] = f"{exc} (not retried until the file changes)"
+            raise
+
+    def _apply_serve(self, result: TickResult) -> None:
+        """Send the whole owned app set in one PUT, only when it differs from what runs."""
+        plan, desired, serve = result.plan, result.desired, result.serve
+        changing = (ActionType.UPDATE_MODEL, ActionType.SCALE_MODEL, ActionType.DEPLOY_MODEL)
+        apps: list[dict[str, Any]] = []
+        touched: list[ObjectKey] = []
+        for key in sorted(set(result.actual.models) | {a.key for a in plan.of(*changing)}):
+            by_type = {a.type: a for a in plan.for_key(key)}
+            if ActionType.DELETE_MODEL in by_type:
+                touched.append(key)
+                continue
+            change = next((by_type[t] for t in changing if t in by_type), None)
+            deployed = serve.apps.get(app_name(key.user, key.name))
+            if change is not None and change.source_path:
+                spec = desired.models[key]
+                apps.append(model_app_config(spec, desired.cluster, change.source_path, change.spec_hash or ""))
+                touched.append(key)
+            elif deployed is not None:
+                apps.append(deployed)  # carried through exactly as it runs
+        error = self._try(
+            lambda: setattr(
+                result, "serve_put", apply_serve(self.dash, apps, serve, desired.cluster, memo=self._put_memo)
+            )
+        )
+        if result.serve_put:
+            faults.point("serve_put")
+        self._record(result, touched, error)
+
+    @staticmethod
+    def _record(result: TickResult, keys: list[ObjectKey], error: str | None) -> None:
+        for key in keys:
+            if error is None:
+                result.applied.add(key)
+            else:
+                result.failures[key] = error
+
+    @staticmethod
+    def _try(fn: Callable[[], object]) -> str | None:
+        """Run one apply step; return None on success or the error text. Ray being
+        unreachable is not an apply failure: it propagates and the tick stops."""
+        try:
+            fn()
+        except RayUnavailable:
+            raise
+        except ArgusError as exc:
+            log.warning("apply failed: %s", exc)
+            return str(exc)
+        return None
