@@ -20,6 +20,7 @@ from reconciler.errors import ArgusError, Issue
 from reconciler.plan import render
 from reconciler.plan.actual import ActualState
 from reconciler.plan.planner import plan as make_plan
+from reconciler.redact import redact_url
 from reconciler.source.directory import created_times, read_directory
 from reconciler.source.localfs import LocalFS
 from reconciler.source.remote import open_source
@@ -197,7 +198,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, stop)
     daemon.watch_local()
     print(
-        json.dumps({"event": "started", "repo": args.repo, "branch": args.branch, "listen": args.listen}),
+        json.dumps({"event": "started", "repo": redact_url(args.repo), "branch": args.branch, "listen": args.listen}),
         file=sys.stderr,
         flush=True,
     )
@@ -232,7 +233,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
         head = tip(source.repo.path, args.status_branch, remote_too=True)
         if head is None:
-            raise ArgusError(f"no status branch {args.status_branch!r} in {args.repo}")
+            raise ArgusError(f"no status branch {args.status_branch!r} in {redact_url(args.repo)}")
         proc = subprocess.run(["git", "-C", source.repo.path, "show", f"{head}:actual.json"], capture_output=True)
         if proc.returncode != 0:
             raise ArgusError(f"the status branch has no actual.json yet: {proc.stderr.decode().strip()}")

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from reconciler.errors import SourceUnavailable
+from reconciler.redact import redact
 from reconciler.spec.loader import ParseCache, SourceFile
 
 APPROVE_TRAILER = "Argus-Approve-Prune"
@@ -22,7 +23,7 @@ def git(repo: str, *args: str, input: bytes | None = None, check: bool = True) -
     proc = subprocess.run(["git", "-C", repo, *args], input=input, capture_output=True, check=False)
     if check and proc.returncode != 0:
         raise SourceUnavailable(
-            f"git {' '.join(args[:3])} failed in {repo}: {proc.stderr.decode(errors='replace').strip()}"
+            redact(f"git {' '.join(args[:3])} failed in {repo}: {proc.stderr.decode(errors='replace').strip()}")
         )
     return proc.stdout
 

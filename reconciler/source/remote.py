@@ -9,6 +9,7 @@ import subprocess
 from dataclasses import dataclass
 
 from reconciler.errors import SourceUnavailable
+from reconciler.redact import redact, redact_url
 from reconciler.source.git import GitRepo, git
 
 
@@ -62,14 +63,15 @@ def open_source(url: str, cache_dir: str) -> RepoSource:
         path = os.path.abspath(url)
         probe = subprocess.run(["git", "-C", path, "rev-parse", "--git-dir"], capture_output=True)
         if probe.returncode != 0:
-            raise SourceUnavailable(f"{url} is not a git repository")
+            raise SourceUnavailable(f"{redact_url(url)} is not a git repository")
         return RepoSource(url, GitRepo(path), local=True)
     mirror = os.path.join(cache_dir, hashlib.sha1(url.encode()).hexdigest()[:16] + ".git")
     if not os.path.isdir(mirror):
         os.makedirs(cache_dir, exist_ok=True)
         proc = subprocess.run(["git", "clone", "--bare", "--quiet", url, mirror], capture_output=True)
         if proc.returncode != 0:
-            raise SourceUnavailable(f"cannot clone {url}: {proc.stderr.decode(errors='replace').strip()}")
+            stderr = redact(proc.stderr.decode(errors="replace").strip())
+            raise SourceUnavailable(f"cannot clone {redact_url(url)}: {stderr}")
     source = RepoSource(url, GitRepo(mirror), local=False)
     source.fetch()
     return source
