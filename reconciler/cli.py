@@ -18,12 +18,14 @@ from reconciler import __version__
 from reconciler.dashboard import Dashboard
 from reconciler.errors import ArgusError, Issue
 from reconciler.plan import render
+from reconciler.plan.actions import ActionType
 from reconciler.plan.actual import ActualState
 from reconciler.plan.planner import plan as make_plan
 from reconciler.redact import redact_url
 from reconciler.source.directory import created_times, read_directory
 from reconciler.source.localfs import LocalFS
 from reconciler.source.remote import open_source
+from reconciler.source.signatures import SigningPolicy
 from reconciler.spec.loader import TaskCheck, load
 from reconciler.spec.paths import FileSystem
 from reconciler.spec.types import DesiredState
@@ -88,6 +90,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 1 if state.issues else 0
 
 
+# Served names come from the author time of the commit that introduced the file (kept by merge
+# commits and rebase merges); a squash merge writes a new commit, so it decides the time at merge.
+SQUASH_NOTE = (
+    "served model names above hold after a merge commit or a rebase merge; "
+    "a squash merge assigns the time (and so the name) when it merges"
+)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     state = load_dir(args.dir, args.offline, quiet=args.format == "json")
     state.approve_prune = state.approve_prune or args.approve_prune
@@ -99,6 +109,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         except (OSError, ValueError, ArgusError) as exc:
             raise ArgusError(f"{args.actual}: cannot read the actual state: {exc}") from exc
     result = make_plan(state, actual)
+    if any(a.type is ActionType.DEPLOY_MODEL for a in result.actions):
+        result.notes.append(SQUASH_NOTE)
     issues: list[Issue] = state.issues
     if args.format == "json":
         print(json.dumps({**result.to_json(), "errors": [i.to_json() for i in issues]}, indent=2))
@@ -130,12 +142,11 @@ def _states_table(result: TickResult) -> str:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    from reconciler.tick import Reconciler
-
     if not args.once:
         raise ArgusError("reconcile runs one tick and needs --once; use `argus run` for the daemon")
+    _signing(args)  # a configuration error is reported before anything is read
     source = open_source(args.repo, args.cache_dir)
-    reconciler = Reconciler(source, args.branch, Dashboard(args.ray))
+    reconciler = _reconciler(args, source)
     result = reconciler.tick()
     if args.format == "json":
         out = result.to_json()
@@ -174,12 +185,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from reconciler.loop import Daemon
     from reconciler.server import start_server
     from reconciler.status.writer import StatusWriter
-    from reconciler.tick import Reconciler
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     logging.getLogger("watchfiles").setLevel(logging.WARNING)  # it logs every batch of changes
+    _signing(args)
     source = open_source(args.repo, args.cache_dir)
-    reconciler = Reconciler(source, args.branch, Dashboard(args.ray))
+    reconciler = _reconciler(args, source)
     writer = StatusWriter(source, args.status_branch, endpoint=args.endpoint)
     daemon = Daemon(reconciler, writer, observe_interval=args.observe_interval, fetch_interval=args.fetch_interval)
     server = start_server(
@@ -457,7 +468,54 @@ def _source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cache-dir",
         default=_env("CACHE_DIR", os.path.expanduser("~/.cache/argus")),
-        help="where remote repositories are mirrored [ARGUS_CACHE_DIR]",
+        help="where remote repositories are mirrored and the daemon keeps its state [ARGUS_CACHE_DIR]",
+    )
+    # The trust anchor lives outside the repository (Flux keeps keys in the cluster): no push can weaken it.
+    p.add_argument(
+        "--require-signed-commits",
+        action="store_true",
+        default=(_env("REQUIRE_SIGNED_COMMITS") or "").lower() in {"1", "true", "yes"},
+        help="apply only changes from SSH-signed commits [ARGUS_REQUIRE_SIGNED_COMMITS]",
+    )
+    p.add_argument(
+        "--allowed-signers",
+        default=_env("ALLOWED_SIGNERS"),
+        metavar="FILE",
+        help="git allowed-signers file outside the repository; principals are user names [ARGUS_ALLOWED_SIGNERS]",
+    )
+    p.add_argument(
+        "--admins",
+        default=_env("ADMINS", ""),
+        metavar="NAME,...",
+        help="principals that may change cluster.yaml and any user's files [ARGUS_ADMINS]",
+    )
+    p.add_argument(
+        "--signed-since",
+        default=_env("SIGNED_SINCE"),
+        metavar="COMMIT",
+        help="a commit whose tree is trusted as it is; signatures are required after it "
+        "(default: every commit) [ARGUS_SIGNED_SINCE]",
+    )
+
+
+def _signing(args: argparse.Namespace) -> SigningPolicy:
+    """The daemon's signing policy. Raises ConfigError when it cannot be enforced."""
+    policy = SigningPolicy(
+        required=bool(args.require_signed_commits),
+        allowed_signers=os.path.abspath(args.allowed_signers) if args.allowed_signers else None,
+        admins=tuple(a.strip() for a in (args.admins or "").split(",") if a.strip()),
+        since=args.signed_since or None,
+    )
+    policy.check()
+    return policy
+
+
+def _reconciler(args: argparse.Namespace, source: Any) -> Any:
+    from reconciler.tick import Reconciler
+
+    signing = _signing(args)
+    return Reconciler(
+        source, args.branch, Dashboard(args.ray), signing=signing, state_dir=os.path.join(args.cache_dir, "state")
     )
 
 

@@ -66,3 +66,7 @@ class ApplyFailed(ArgusError):
     def __init__(self, message: str, *, permanent: bool) -> None:
         super().__init__(message)
         self.permanent = permanent
+
+
+class ConfigError(PermanentError):
+    """The daemon's own configuration is unusable (reported at start-up; the daemon exits)."""

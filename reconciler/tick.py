@@ -8,6 +8,7 @@ everything from the repository, Ray's labels and app names.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -31,7 +32,7 @@ from reconciler.plan.assess import ObjectStatus, assess
 from reconciler.plan.planner import plan as make_plan
 from reconciler.source.localfs import LocalFS
 from reconciler.source.remote import RepoSource
-from reconciler.source.signatures import SignatureVerifier
+from reconciler.source.signatures import SignatureVerifier, SigningPolicy
 from reconciler.spec.hashing import task_spec_hash
 from reconciler.spec.loader import ParseCache, TaskCheck, load
 from reconciler.spec.paths import FileSystem
@@ -91,6 +92,8 @@ class Reconciler:
         fs: FileSystem | None = None,
         secrets_env: Mapping[str, str] | None = None,
         task_check: TaskCheck | None = None,
+        signing: SigningPolicy | None = None,
+        state_dir: str | None = None,
     ) -> None:
         self.source = source
         self.branch = branch
@@ -103,7 +106,13 @@ class Reconciler:
         )
         self.task_check = task_check if task_check is not None else default_task_check()
         self.cache = ParseCache()
-        self.verifier = SignatureVerifier(source.repo)
+        self.signing = signing or SigningPolicy()
+        state_file = None
+        if state_dir:
+            digest = hashlib.sha256(f"{source.url}\0{branch}".encode()).hexdigest()[:16]
+            state_file = os.path.join(state_dir, f"trust-{digest}.json")
+        self.verifier = SignatureVerifier(source.repo, self.signing, state_file)
+        self.trust_notes: list[str] = []
         self.rejections: list[str] = []
         self._put_memo: dict[str, Any] = {}
         self._subject = ""
@@ -118,19 +127,25 @@ class Reconciler:
             self.source.fetch()
         commit = commit or self.source.repo.resolve(f"refs/heads/{self.branch}")
         trusted = self.verifier.trusted(commit)
-        signed = trusted.settings.enabled or bool(trusted.rejections)
-        snap = self.source.repo.snapshot(commit, self.cache, trusted.entries if signed else None)
+        snap = self.source.repo.snapshot(commit, self.cache, trusted.entries)
+        signed = trusted.entries is not None
         self.rejections = [str(r) for r in trusted.rejections]
+        self.trust_notes = list(trusted.notes)
         desired = load(
             snap.files,
-            created=snap.created,
+            created=trusted.created if signed else snap.created,
             default_time=snap.commit_time,
             fs=self.fs,
             cache=self.cache,
             task_check=self.task_check,
             revision=commit,
-            approve_prune=snap.approve_prune,
+            approve_prune=trusted.approve_prune if signed else snap.approve_prune,
         )
+        if desired.cluster.security.require_signed_commits and not self.signing.required:
+            self.trust_notes.append(
+                "cluster.yaml's security settings are ignored: the daemon's own configuration decides "
+                "(--require-signed-commits, --allowed-signers)"
+            )
         self._subject = snap.subject
         return desired, commit, snap.commit_time
 
@@ -160,6 +175,7 @@ class Reconciler:
             subject=self._subject,
             commit_time=commit_time,
         )
+        result.notes.extend(self.trust_notes)
         result.notes.extend(f"unverified change kept out: {r}" for r in self.rejections)
         result.notes.extend(serve.settings_mismatch(desired.cluster))
         result.notes.extend(plan.notes)

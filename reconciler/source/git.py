@@ -165,9 +165,15 @@ class GitRepo:
             self.blobs.clear()
 
     def created_times(self, commit: str) -> dict[str, int]:
-        """Map each path to the UTC commit time of the newest first-parent commit that added it.
+        """Map each path to the time that names its object: the author time of the commit that
+        introduced the file.
 
-        Incremental: after the first call, only commits since the previous one are walked.
+        The introducing commit is the newest first-parent commit that added the path; when that
+        is a merge commit, the file came from the merged branch, and the oldest commit there
+        that added it counts. So a pull request's plan, its merge (merge commit or rebase, which
+        keeps author times), a re-clone and a restart all give the same time; later edits and
+        unrelated changes never move it. (A squash merge writes a new commit: the time is
+        assigned at merge.) Incremental: after the first call only new commits are walked.
         """
         if self._created_at == commit:
             return self._created
@@ -184,33 +190,54 @@ class GitRepo:
             rev_range = f"{self._created_at}..{commit}" if is_ancestor else commit
             if not is_ancestor:
                 base = {}
-        out = git(
-            self.path,
-            "log",
-            "--first-parent",
-            "--diff-filter=A",
-            "--name-only",
-            "-z",
-            "--format=%x01%ct",
-            rev_range,
-            "--",
-            *self._pathspecs(),
-        )
         added: dict[str, int] = {}
-        when = 0
-        for chunk in out.split(b"\0"):
-            text = chunk.decode(errors="replace").strip("\n")
-            if not text:
+        for parents, when, paths in self._adds("--first-parent", rev_range):
+            fresh = [p for p in paths if p not in added]  # log is newest first: keep the newest add
+            if not fresh:
                 continue
-            if "\x01" in text:
-                _, _, rest = text.partition("\x01")
-                stamp, _, first = rest.partition("\n")
-                when = int(stamp)
-                text = first.strip("\n")
-                if not text:
-                    continue
-            path = text[len(self.prefix) :] if self.prefix else text
-            added.setdefault(path, when)  # log is newest first: keep the newest add
+            merged = self.introduction_times(parents, fresh) if len(parents) > 1 else {}
+            for path in fresh:
+                added[path] = merged.get(path, when)
         base.update(added)
         self._created, self._created_at = base, commit
         return base
+
+    def introduction_times(self, parents: list[str], paths: list[str]) -> dict[str, int]:
+        """For a merge with ``parents``: path -> author time of the oldest commit on the merged
+        side (``parents[0]..parents[1:]``) that added it. Paths added by the merge itself are absent."""
+        wanted = set(paths)
+        out: dict[str, int] = {}
+        side = [f"^{parents[0]}", *parents[1:]]
+        for _parents, when, added in self._adds(*side, pathspecs=[self.prefix + p for p in paths]):
+            for path in added:
+                if path in wanted:
+                    out[path] = when  # newest first: the last one seen is the oldest add
+        return out
+
+    def _adds(self, *rev_args: str, pathspecs: list[str] | None = None) -> list[tuple[list[str], int, list[str]]]:
+        """(parents, author time, added paths) of each commit in ``rev_args`` that added a
+        relevant file, newest first. Paths are NUL-separated (-z): any byte in a name is safe,
+        and a header token cannot be a path (paths start with users/ or cluster.yaml)."""
+        out = git(
+            self.path,
+            "log",
+            "--diff-filter=A",
+            "--no-renames",
+            "--name-only",
+            "-z",
+            "--format=%x01%at %P",
+            *rev_args,
+            "--",
+            *(pathspecs if pathspecs is not None else self._pathspecs()),
+        )
+        commits: list[tuple[list[str], int, list[str]]] = []
+        for token in out.split(b"\0"):
+            raw = token.lstrip(b"\n")
+            if not raw:
+                continue
+            if raw.startswith(b"\x01"):
+                stamp, *parents = raw[1:].decode().split()
+                commits.append((parents, int(stamp), []))
+            elif commits:
+                commits[-1][2].append(self._relative(raw.decode(errors="replace")))
+        return commits

@@ -1,30 +1,59 @@
 """Signed-commit verification (like Flux's): which changes of the branch are trusted. I/O.
 
-When ``cluster.yaml`` sets ``security.require_signed_commits``, every later commit on the
-branch's first-parent history is checked with git's SSH signature support against the
-repository's ``allowed_signers`` file (principals are user names):
+The policy is the daemon's, never the repository's (Flux keeps verification keys in the
+cluster, Argo CD in its own ConfigMap): ``--require-signed-commits``, an allowed-signers
+file *outside* the repository and the admins come from the daemon's configuration, so no
+push can switch signing off or add its own key.
+
+With signing required, every commit on the branch's first-parent history after the trust
+start (``--signed-since``, or the root) is checked with git's SSH signature support against
+that file (principals are user names):
 
 - a change under ``users/<u>/`` needs a signature by ``<u>`` or by an admin;
-- a change to ``cluster.yaml`` or to the allowed-signers file needs an admin.
+- a change to ``cluster.yaml`` (or any other file) needs an admin.
 
 Unverified changes are skipped: the trusted tree keeps the previous good version of those
-files, and each rejection is reported. The allowed-signers file and the settings always
-come from the trusted tree *before* the commit being checked, so a commit cannot approve
-itself by adding its own key.
+files, and each rejection is reported. Creation times (which name served models) and the
+mass-deletion approval trailer come from verified commits only.
+
+A new head that is not a descendant of the last applied one is a **history rewrite**
+(a force-push). With signing required it is applied only when every commit since the last
+common ancestor verifies; otherwise the last applied tree stays in force. Without signing it
+is applied and noted. The last applied head is kept in the daemon's state file, outside the
+repository, so a restart cannot be used to forget it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
-import yaml
-
-from reconciler.source.git import GitRepo, git
+from reconciler.errors import ConfigError
+from reconciler.source.git import APPROVE_TRAILER, GitRepo, git
 
 Entry = tuple[str, str]  # (mode, blob)
+
+
+@dataclass(frozen=True)
+class SigningPolicy:
+    """The daemon's signing configuration (never read from the repository)."""
+
+    required: bool = False
+    allowed_signers: str | None = None  # a file outside the repository: `<principal> <ssh public key>` lines
+    admins: tuple[str, ...] = ()
+    since: str | None = None  # a commit the admin vouches for: its tree is trusted as it is
+
+    def check(self) -> None:
+        """Raises ConfigError when signing is required but cannot be verified."""
+        if not self.required:
+            return
+        if not self.allowed_signers:
+            raise ConfigError("--require-signed-commits needs --allowed-signers FILE (a file outside the repository)")
+        if not os.path.isfile(self.allowed_signers):
+            raise ConfigError(f"allowed signers file {self.allowed_signers} does not exist")
 
 
 @dataclass(frozen=True)
@@ -38,53 +67,105 @@ class Rejection:
 
 
 @dataclass
-class _Settings:
-    enabled: bool = False
-    signers_path: str | None = None
-    admins: tuple[str, ...] = ()
-
-
-@dataclass
 class TrustedTree:
-    """The files (path -> (mode, blob)) that verified commits produced, up to ``head``."""
+    """What verified commits produced up to ``head``.
+
+    ``entries`` (path -> (mode, blob)) is the tree to load, or None when signing is off (the
+    commit's own tree is used). ``applied`` is the head whose tree is in force: ``head``, or
+    the last applied head when a history rewrite was refused.
+    """
 
     head: str
-    entries: dict[str, Entry] = field(default_factory=dict)
+    applied: str
+    entries: dict[str, Entry] | None = None
     rejections: list[Rejection] = field(default_factory=list)
-    settings: _Settings = field(default_factory=_Settings)
-
-
-def _settings(repo: GitRepo, entries: dict[str, Entry], previous: _Settings) -> _Settings:
-    entry = entries.get("cluster.yaml")
-    if entry is None:
-        return _Settings()
-    try:
-        data = yaml.safe_load(git(repo.path, "cat-file", "blob", entry[1]))
-        sec = (data or {}).get("security") or {}
-        return _Settings(
-            bool(sec.get("require_signed_commits")), sec.get("allowed_signers"), tuple(sec.get("admins") or ())
-        )
-    except (yaml.YAMLError, AttributeError, TypeError):
-        return previous  # a broken cluster.yaml is not applied anyway; keep enforcing
+    created: dict[str, int] = field(default_factory=dict)
+    approve_prune: bool = False
+    notes: list[str] = field(default_factory=list)
+    verified: set[str] = field(default_factory=set)  # first-parent commits whose signature verified
 
 
 class SignatureVerifier:
-    """Computes the trusted tree of a branch head, incrementally across calls."""
+    """Computes the trusted tree of a branch head, incrementally across calls.
 
-    def __init__(self, repo: GitRepo) -> None:
+    ``state_file`` (in the daemon's state folder) remembers the last applied head across
+    restarts, for history-rewrite detection.
+    """
+
+    def __init__(self, repo: GitRepo, policy: SigningPolicy | None = None, state_file: str | None = None) -> None:
         self.repo = repo
+        self.policy = policy or SigningPolicy()
+        self.state_file = state_file
         self._last: TrustedTree | None = None
+        self._applied: str | None = self._read_state()
 
+    # -- public ---------------------------------------------------------------------------
     def trusted(self, head: str) -> TrustedTree:
-        """Return the trusted tree at ``head`` (every change accepted until signing is required)."""
+        """Return the trusted tree at ``head``. Raises SourceUnavailable when git fails."""
         if self._last is not None and self._last.head == head:
             return self._last
-        start: TrustedTree = TrustedTree(head="")
-        if self._last is not None and self._is_ancestor(self._last.head, head):
-            start = self._last
-        rev_range = f"{start.head}..{head}" if start.head else head
-        tree = TrustedTree(head, dict(start.entries), list(start.rejections), start.settings)
-        # One process for the whole range: first-parent diffs of every commit, oldest first.
+        previous = self._applied
+        rewrite = previous is not None and previous != head and not self._is_ancestor(previous, head)
+        if not self.policy.required:
+            tree = TrustedTree(head, head)
+            if rewrite and previous is not None:
+                tree.notes.append(
+                    f"history rewritten: {head[:12]} is not a descendant of the last applied {previous[:12]}"
+                    " (force-push); applied, as signing is not required"
+                )
+            self._remember(tree)
+            return tree
+        base_tree = self._last if self._last is not None and self._last.applied == self._last.head else None
+        if base_tree is not None and (rewrite or not self._is_ancestor(base_tree.head, head)):
+            base_tree = None
+        tree = self._verify(head, base_tree)
+        if rewrite:
+            assert previous is not None
+            base = self._merge_base(previous, head)
+            since_base = self._first_parent(f"{base}..{head}" if base else head)
+            bad = [r for r in tree.rejections if r.commit in since_base]
+            if bad:
+                kept = self._verify(previous) if self._exists(previous) else None
+                if kept is not None:
+                    kept.head = head
+                    kept.approve_prune = False
+                    kept.notes.append(
+                        f"history rewritten: not applied: {head[:12]} is not a descendant of the last applied "
+                        f"{previous[:12]} and {len(bad)} change(s) since "
+                        f"{base[:12] if base else 'the root'} are not verified (first: {bad[0]}); "
+                        f"the tree of {previous[:12]} stays in force"
+                    )
+                    self._last = kept  # _applied stays `previous`
+                    return kept
+            tree.notes.append(
+                f"history rewritten: {head[:12]} replaces {previous[:12]}; every change since "
+                f"{base[:12] if base else 'the root'} is verified: applied"
+            )
+        self._remember(tree)
+        return tree
+
+    # -- verification ---------------------------------------------------------------------
+    def _verify(self, head: str, base: TrustedTree | None = None) -> TrustedTree:
+        """Walk first-parent history from the trust start (or from ``base``, an ancestor's
+        trusted tree) to ``head``, keeping verified changes."""
+        start = self.policy.since if self.policy.since and self._is_ancestor(self.policy.since, head) else None
+        tree = TrustedTree(head, head, entries={})
+        assert tree.entries is not None
+        if base is not None and base.entries is not None:
+            tree.entries = dict(base.entries)
+            tree.created = dict(base.created)
+            tree.rejections = list(base.rejections)
+            tree.verified = set(base.verified)
+            start = base.head
+        elif start is not None:
+            listing = git(self.repo.path, "ls-tree", "-r", "-z", "--full-tree", start)
+            for record in listing.split(b"\0"):
+                meta, _, path_b = record.partition(b"\t")
+                if meta:
+                    mode, _type, blob = meta.decode().split()
+                    tree.entries[path_b.decode(errors="replace")] = (mode, blob)
+            tree.created = {p: t for p, t in self.repo.created_times(start).items() if p in tree.entries}
+        signers = self._read_signers()
         out = git(
             self.repo.path,
             "log",
@@ -94,92 +175,136 @@ class SignatureVerifier:
             "--no-renames",
             "--no-abbrev",
             "-z",
-            "--format=%x01%H",
-            rev_range,
+            "--format=%x01%H %at %P",
+            f"{start}..{head}" if start else head,
         )
-        commit = ""
+        header: list[str] = []
         changes: list[tuple[str, Entry | None]] = []
         tokens = out.split(b"\0")
         i = 0
         while i < len(tokens):
-            token = tokens[i].decode(errors="replace").lstrip("\n")
-            if token.startswith("\x01"):
-                if commit:
-                    self._apply(tree, commit, changes)
-                commit, changes = token[1:], []
-            elif token.startswith(":") and i + 1 < len(tokens):
-                _old_mode, new_mode, _old_blob, new_blob, status = token[1:].split()
+            raw = tokens[i].lstrip(b"\n")
+            if raw.startswith(b"\x01"):
+                if header:
+                    self._apply(tree, header, changes, signers)
+                header, changes = raw[1:].decode().split(), []
+            elif raw.startswith(b":") and i + 1 < len(tokens):
+                _old_mode, new_mode, _old_blob, new_blob, status = raw[1:].decode().split()
                 path = tokens[i + 1].decode(errors="replace")
                 changes.append((path, None if status == "D" else (new_mode, new_blob)))
                 i += 1
             i += 1
-        if commit:
-            self._apply(tree, commit, changes)
-        tree.head = head
-        self._last = tree
+        if header:
+            self._apply(tree, header, changes, signers)
+        # An approval counts only from a verified head commit (a rejected one cannot approve).
+        tree.approve_prune = self._signer(head, signers) is not None and self._approves(head)
         return tree
 
-    def _is_ancestor(self, a: str, b: str) -> bool:
-        return (
-            subprocess.run(
-                ["git", "-C", self.repo.path, "merge-base", "--is-ancestor", a, b], capture_output=True
-            ).returncode
-            == 0
-        )
-
-    def _apply(self, tree: TrustedTree, commit: str, changes: list[tuple[str, Entry | None]]) -> None:
-        # Every path is tracked (the allowed-signers file may be any path); only protected
-        # ones need a signature.
-        guarded = tree.settings.enabled and any(self._relevant(path, tree.settings) for path, _ in changes)
-        signer = self._signer(commit, tree) if guarded else None
+    def _apply(
+        self, tree: TrustedTree, header: list[str], changes: list[tuple[str, Entry | None]], signers: bytes
+    ) -> None:
+        commit, author_time, parents = header[0], int(header[1]), header[2:]
+        assert tree.entries is not None
+        signer = self._signer(commit, signers) if changes else None
+        if signer is not None:
+            tree.verified.add(commit)
+        added: list[str] = []
         for path, entry in changes:
-            protected = guarded and self._relevant(path, tree.settings)
-            why = self._refuse(path, signer, tree.settings) if protected else None
+            why = self._refuse(path, signer)
             if why is not None:
                 tree.rejections.append(Rejection(commit, path, why))
                 continue
             if entry is None:
                 tree.entries.pop(path, None)
+                tree.created.pop(path, None)
             else:
+                if path not in tree.entries:
+                    added.append(path)
                 tree.entries[path] = entry
-        if any(path == "cluster.yaml" for path, _ in changes):
-            tree.settings = _settings(self.repo, tree.entries, tree.settings)
+        if added:
+            times = self.repo.introduction_times(parents, added) if len(parents) > 1 else {}
+            for path in added:
+                tree.created[path] = times.get(path, author_time)
 
-    @staticmethod
-    def _relevant(path: str, settings: _Settings) -> bool:
-        return path.startswith("users/") or path == "cluster.yaml" or path == settings.signers_path
-
-    @staticmethod
-    def _refuse(path: str, signer: str | None, settings: _Settings) -> str | None:
+    def _refuse(self, path: str, signer: str | None) -> str | None:
         if signer is None:
             return "not signed by a key in the allowed signers file: not applied"
-        if signer in settings.admins:
+        if signer in self.policy.admins:
             return None
-        if path.startswith("users/") and path.split("/")[1] == signer:
+        parts = path.split("/")
+        if path.startswith("users/") and len(parts) > 2 and parts[1] == signer:
             return None
-        owner = "an admin" if not path.startswith("users/") else f"{path.split('/')[1]} or an admin"
+        owner = f"{parts[1]} or an admin" if path.startswith("users/") and len(parts) > 2 else "an admin"
         return f"signed by {signer}, but only {owner} may change it: not applied"
 
-    def _signer(self, commit: str, tree: TrustedTree) -> str | None:
-        """The principal whose key signed ``commit`` (per the trusted allowed-signers file)."""
-        entry = tree.entries.get(tree.settings.signers_path or "")
-        if entry is None:
-            return None
-        content = git(self.repo.path, "cat-file", "blob", entry[1])
+    def _signer(self, commit: str, signers: bytes) -> str | None:
+        """The principal whose key signed ``commit`` (per the daemon's allowed-signers file)."""
         with tempfile.NamedTemporaryFile("wb", suffix=".signers", delete=False) as fh:
-            fh.write(content)
-            signers = fh.name
+            fh.write(signers)
+            path = fh.name
         try:
             out = git(
-                self.repo.path,
-                "-c",
-                f"gpg.ssh.allowedSignersFile={signers}",
-                "log",
-                "-1",
-                "--format=%G?%x00%GS",
-                commit,
-            ).decode()
+                self.repo.path, "-c", f"gpg.ssh.allowedSignersFile={path}", "log", "-1", "--format=%G?%x00%GS", commit
+            ).decode(errors="replace")
         finally:
-            os.unlink(signers)
+            os.unlink(path)
         status, _, principal = out.strip().partition("\0")
-        return principal.strip() or None if status == "G" else None
+        return (principal.strip() or None) if status == "G" else None
+
+    def _read_signers(self) -> bytes:
+        # Read on every verification: an admin adds a key without restarting the daemon.
+        if not self.policy.allowed_signers:
+            return b""
+        try:
+            with open(self.policy.allowed_signers, "rb") as fh:
+                return fh.read()
+        except OSError:
+            return b""  # nothing verifies: every protected change is kept out, and reported
+
+    def _approves(self, commit: str) -> bool:
+        out = git(self.repo.path, "log", "-1", f"--format=%(trailers:key={APPROVE_TRAILER},valueonly)", commit)
+        return out.decode(errors="replace").strip().lower() in {"yes", "true", "1"}
+
+    # -- git helpers ----------------------------------------------------------------------
+    def _is_ancestor(self, a: str, b: str) -> bool:
+        proc = subprocess.run(["git", "-C", self.repo.path, "merge-base", "--is-ancestor", a, b], capture_output=True)
+        return proc.returncode == 0
+
+    def _merge_base(self, a: str, b: str) -> str | None:
+        proc = subprocess.run(["git", "-C", self.repo.path, "merge-base", a, b], capture_output=True, text=True)
+        return proc.stdout.strip() or None
+
+    def _exists(self, commit: str) -> bool:
+        proc = subprocess.run(
+            ["git", "-C", self.repo.path, "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True
+        )
+        return proc.returncode == 0
+
+    def _first_parent(self, rev_range: str) -> set[str]:
+        return set(git(self.repo.path, "rev-list", "--first-parent", rev_range).decode().split())
+
+    # -- state ----------------------------------------------------------------------------
+    def _remember(self, tree: TrustedTree) -> None:
+        self._last = tree
+        if tree.applied != self._applied:
+            self._applied = tree.applied
+            self._write_state()
+
+    def _read_state(self) -> str | None:
+        if not self.state_file:
+            return None
+        try:
+            with open(self.state_file, encoding="utf-8") as fh:
+                value = json.load(fh).get("applied")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return value if isinstance(value, str) and len(value) in (40, 64) else None
+
+    def _write_state(self) -> None:
+        if not self.state_file or not self._applied:
+            return
+        os.makedirs(os.path.dirname(self.state_file) or ".", exist_ok=True)
+        tmp = f"{self.state_file}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump({"applied": self._applied}, fh)
+        os.replace(tmp, self.state_file)  # atomic: a crash leaves the old or the new head

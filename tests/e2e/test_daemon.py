@@ -48,9 +48,9 @@ class DaemonProc:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
-    def start(self, fault: str | None = None) -> None:
+    def start(self, fault: str | None = None, extra_env: dict[str, str] | None = None) -> None:
         self.starts += 1
-        env = {**os.environ, "ARGUS_WEBHOOK_SECRET": SECRET}
+        env = {**os.environ, "ARGUS_WEBHOOK_SECRET": SECRET, **(extra_env or {})}
         env.pop("ARGUS_FAULT", None)
         if fault:
             env["ARGUS_FAULT"] = fault
@@ -337,30 +337,80 @@ def _signed_commit(repo: ConfigRepo, key: Path, message: str) -> str:
 
 
 def test_signed_commits_required(env: Env, tmp_path: Path) -> None:
+    """The signing policy is the daemon's (flags/env, keys outside the repository): a push can
+    neither switch it off nor, by rewriting history, replace the verified tree."""
     repo, dash = env.repo, env.dash
     carol_pub, admin_pub = _keygen(tmp_path / "carol", "carol"), _keygen(tmp_path / "root", "root")
     _keygen(tmp_path / "mallory", "mallory")
-    repo.write(".argus/allowed_signers", f"carol {carol_pub}\nroot {admin_pub}\n")
-    doc = cluster_yaml(env.hf_cache, env.users, env.head.serve_port)
-    doc["security"] = {"require_signed_commits": True, "allowed_signers": ".argus/allowed_signers", "admins": ["root"]}
-    repo.write("cluster.yaml", doc)
-    _signed_commit(repo, tmp_path / "root", "admin: require signed commits")
+    signers = tmp_path / "allowed_signers"  # the daemon's, not the repository's
+    signers.write_text(f"carol {carol_pub}\nroot {admin_pub}\n")
+    trusted_from = git(repo.work, "rev-parse", "HEAD").strip()
+    env.daemon.stop()
+    env.daemon.start(
+        extra_env={
+            "ARGUS_REQUIRE_SIGNED_COMMITS": "1",
+            "ARGUS_ALLOWED_SIGNERS": str(signers),
+            "ARGUS_ADMINS": "root",
+            "ARGUS_SIGNED_SINCE": trusted_from,
+        }
+    )
+    try:
+        # A push cannot switch signing off: cluster.yaml's security section is not the policy.
+        doc = cluster_yaml(env.hf_cache, env.users, env.head.serve_port)
+        doc["security"] = {"require_signed_commits": False}
+        repo.write("cluster.yaml", doc)
+        unsigned = "users/carol/tasks/unsigned.yaml"
+        repo.write(unsigned, _task_yaml(1))
+        sha = repo.commit_push("carol: unsigned change that also turns signing off")
+        note = wait_for(lambda: repo.note(sha), "note on the unsigned commit", timeout=60)
+        assert f"commit {sha[:12]}: {unsigned}: not signed by a key in the allowed signers file" in note
+        assert f"commit {sha[:12]}: cluster.yaml: not signed" in note
+        time.sleep(3)
+        assert not owned_jobs(dash, "argus-carol-unsigned-")
 
-    unsigned = "users/carol/tasks/unsigned.yaml"
-    repo.write(unsigned, _task_yaml(1))
-    sha = repo.commit_push("carol: unsigned change")
-    note = wait_for(lambda: repo.note(sha), "note on the unsigned commit", timeout=60)
-    assert f"commit {sha[:12]}: {unsigned}: not signed by a key in the allowed signers file" in note
-    time.sleep(3)
-    assert not owned_jobs(dash, "argus-carol-unsigned-")
+        other = "users/carol/tasks/other.yaml"
+        repo.write(other, _task_yaml(1))
+        sha = _signed_commit(repo, tmp_path / "mallory", "mallory signs for carol")
+        note = wait_for(lambda: repo.note(sha), "note on mallory's commit", timeout=60)
+        assert f"{other}: not signed by a key" in note
 
-    other = "users/carol/tasks/other.yaml"
-    repo.write(other, _task_yaml(1))
-    sha = _signed_commit(repo, tmp_path / "mallory", "mallory signs for carol")
-    assert f"{other}: not signed by a key" in wait_for(lambda: repo.note(sha), "note on mallory's commit", timeout=60)
+        repo.write("users/carol/tasks/unsigned.yaml", _task_yaml(1, run=2))
+        repo.write(other, _task_yaml(1, run=2))
+        good = _signed_commit(repo, tmp_path / "carol", "carol: signed")
+        wait_for(lambda: owned_jobs(dash, "argus-carol-unsigned-"), "carol's signed task submitted", timeout=60)
+        wait_for(lambda: owned_jobs(dash, "argus-carol-other-"), "carol's other signed task submitted", timeout=60)
 
-    repo.write("users/carol/tasks/unsigned.yaml", _task_yaml(1, run=2))
-    repo.write(other, _task_yaml(1, run=2))
-    _signed_commit(repo, tmp_path / "carol", "carol: signed")
-    wait_for(lambda: owned_jobs(dash, "argus-carol-unsigned-"), "carol's signed task submitted", timeout=60)
-    wait_for(lambda: owned_jobs(dash, "argus-carol-other-"), "carol's other signed task submitted", timeout=60)
+        # A force-push of an unsigned orphan commit that empties everyone's files: refused as a
+        # history rewrite, the verified tree stays in force (nothing is stopped or deleted).
+        git(repo.work, "checkout", "-q", "--orphan", "evil")
+        git(repo.work, "rm", "-q", "-r", "--cached", "users")
+        for path in (repo.work / "users").rglob("*.yaml"):
+            path.unlink()
+        repo.write("users/mallory/tasks/grab.yaml", _task_yaml(1))
+        git(repo.work, "add", "-A")
+        git(repo.work, "commit", "-q", "-m", "orphan")
+        evil = git(repo.work, "rev-parse", "HEAD").strip()
+        git(repo.work, "push", "-q", "--force", "origin", "HEAD:main")
+        note = wait_for(lambda: repo.note(evil), "note on the force-pushed commit", timeout=60)
+        assert "history rewritten: not applied" in note, note
+        time.sleep(3)
+        assert not owned_jobs(dash, "argus-mallory-")
+        assert owned_jobs(dash, "argus-carol-unsigned-") and owned_jobs(dash, "argus-carol-other-")
+        # ... also after a daemon restart (the last applied head is kept outside the repository).
+        env.daemon.stop()
+        env.daemon.start(
+            extra_env={
+                "ARGUS_REQUIRE_SIGNED_COMMITS": "1",
+                "ARGUS_ALLOWED_SIGNERS": str(signers),
+                "ARGUS_ADMINS": "root",
+                "ARGUS_SIGNED_SINCE": trusted_from,
+            }
+        )
+        time.sleep(4)
+        assert not owned_jobs(dash, "argus-mallory-")
+    finally:
+        git(repo.work, "checkout", "-q", "-f", "main")
+        git(repo.work, "reset", "-q", "--hard", good if "good" in locals() else trusted_from)
+        git(repo.work, "push", "-q", "--force", "origin", "HEAD:main")
+        env.daemon.stop()
+        env.daemon.start()
