@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import subprocess
 import time
 
 from reconciler.source.git import GitRepo
-from reconciler.spec.loader import SourceFile
+from reconciler.spec.loader import SourceFile, classify
+from reconciler.spec.yamldoc import MAX_BYTES
 
 
 def read_directory(root: str) -> list[SourceFile]:
@@ -32,7 +34,10 @@ def read_directory(root: str) -> list[SourceFile]:
                 filenames.append(d)
         for name in filenames:
             rel = os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
-            files.append(_file(root, rel))
+            if classify(rel)[0] is None and not os.path.islink(os.path.join(root, rel)):
+                files.append(SourceFile(rel, None, "unread:" + rel))  # never an object: reported, not read
+            else:
+                files.append(_file(root, rel))
     return files
 
 
@@ -40,10 +45,21 @@ def _file(root: str, rel: str) -> SourceFile:
     full = os.path.join(root, rel)
     if os.path.islink(full):
         return SourceFile(rel, None, "symlink:" + rel, symlink=True)
-    if not os.path.isfile(full):
+    try:
+        # O_NOFOLLOW | O_NONBLOCK: a file swapped for a link or a FIFO after the checks above
+        # is neither followed nor waited on.
+        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
         return SourceFile(rel, None, "special:" + rel)
-    with open(full, "rb") as fh:
-        content = fh.read()
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            return SourceFile(rel, None, "special:" + rel)
+        if info.st_size > MAX_BYTES:  # size before content: never read what is refused anyway
+            return SourceFile(rel, None, f"size:{info.st_size}", size=info.st_size)
+        content = fh.read(MAX_BYTES + 1)
+    if len(content) > MAX_BYTES:  # it grew after fstat
+        return SourceFile(rel, None, f"size:{len(content)}+", size=len(content))
     return SourceFile(rel, content, hashlib.sha1(content).hexdigest())
 
 

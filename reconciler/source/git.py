@@ -6,16 +6,28 @@ blobs it has not seen and walks only the new commits.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
+import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import IO
 
 from reconciler.errors import SourceUnavailable
 from reconciler.redact import redact
-from reconciler.spec.loader import ParseCache, SourceFile
+from reconciler.spec.loader import ParseCache, SourceFile, classify
+from reconciler.spec.yamldoc import MAX_BYTES
 
 APPROVE_TRAILER = "Argus-Approve-Prune"
 _RELEVANT = ("users/", "cluster.yaml")
+BLOB_CACHE_BYTES = 32 * 1024 * 1024
+
+
+def decode_path(raw: bytes) -> str:
+    """A path from git's ``-z`` output as text. Bytes that are not UTF-8 become lone surrogates
+    (``surrogateescape``): two different names never decode to the same text, and the loader
+    reports such a name (escaped) instead of reading it."""
+    return raw.decode("utf-8", "surrogateescape")
 
 
 def git(repo: str, *args: str, input: bytes | None = None, check: bool = True) -> bytes:
@@ -46,7 +58,9 @@ class GitRepo:
 
     path: str
     prefix: str = ""
-    blobs: dict[str, bytes] = field(default_factory=dict)
+    blobs: dict[str, bytes] = field(default_factory=dict)  # bounded: at most BLOB_CACHE_BYTES of content
+    _blob_bytes: int = 0
+    _sizes: dict[str, int] = field(default_factory=dict)  # blob -> bytes, from `cat-file --batch-check`
     _created: dict[str, int] = field(default_factory=dict)
     _created_at: str | None = None  # commit the _created map is valid for
     _listed: dict[str, tuple[str, str]] = field(default_factory=dict)
@@ -73,18 +87,37 @@ class GitRepo:
         entries = [(p, m, b) for p, (m, b) in sorted(tree.items()) if p.startswith(_RELEVANT)]
         known = cache.entries if cache is not None else {}
         # Symlinks (120000) and gitlinks (160000: a submodule's commit, absent here) are not read.
-        readable = [(p, b) for p, m, b in entries if m != "120000" and not m.startswith("160")]
-        wanted = [b for p, b in readable if (p, b) not in known and b not in self.blobs]
-        self._read_blobs(wanted)
+        regular = [(p, b) for p, m, b in entries if m != "120000" and not m.startswith("160")]
+        sizes = self._blob_sizes({b for _p, b in regular})
+        # Size before content: a file over the limit is reported from its size alone, and a file
+        # that can never be an object (a bad name, a stray file) is never read at all.
+        wanted = [
+            b
+            for p, b in regular
+            if sizes[b] <= MAX_BYTES
+            and (p, b) not in known
+            and b not in self.blobs
+            and (p == "cluster.yaml" or classify(p)[0] is not None)
+        ]
+        fresh = self._read_blobs(wanted)
         files = []
         for p, m, b in entries:
             file = self._files.get((p, m, b))
-            if file is None or (file.content is None and b in self.blobs):
-                content = None if m == "120000" or m.startswith("160") else self.blobs.get(b)
-                file = SourceFile(path=p, content=content, blob=b, symlink=m == "120000")
+            special = m == "120000" or m.startswith("160")
+            content = None if special else fresh.get(b, self.blobs.get(b))
+            if file is None or (file.content is None and content is not None):
+                file = SourceFile(p, content, b, symlink=m == "120000", size=None if special else sizes[b])
             files.append(file)
-        # Unchanged files are the same objects next time: no 10,000 new objects (and GC work) per re-plan.
-        self._files = {(f.path, m, f.blob): f for f, (_p, m, _b) in zip(files, entries, strict=True)}
+        # Unchanged files are the same objects next time: no 10,000 new objects (and GC work) per
+        # re-plan. They keep their content only while the bounded blob cache does.
+        self._files = {
+            (f.path, m, f.blob): f
+            if f.content is None or f.blob in self.blobs
+            else dataclasses.replace(f, content=None)
+            for f, (_p, m, _b) in zip(files, entries, strict=True)
+        }
+        if len(self._sizes) > 2 * len(entries) + 1024:
+            self._sizes = {b: sizes[b] for _p, b in regular}
         meta = git(self.path, "log", "-1", f"--format=%ct%x00%(trailers:key={APPROVE_TRAILER},valueonly)%x00%s", commit)
         ctime, trailer, subject = meta.decode(errors="replace").split("\0", 2)
         approve = trailer.strip().lower() in {"yes", "true", "1"}
@@ -124,7 +157,7 @@ class GitRepo:
                     if not meta:
                         continue
                     _old_mode, mode, _old_blob, blob, status = meta.decode().lstrip(":").split()
-                    path = self._relative(path_b.decode(errors="replace"))
+                    path = self._relative(decode_path(path_b))
                     if status == "D":
                         listed.pop(path, None)
                     else:
@@ -138,7 +171,7 @@ class GitRepo:
                 continue
             meta, _, path_b = record.partition(b"\t")
             mode, _type, blob = meta.decode().split()
-            listed[self._relative(path_b.decode(errors="replace"))] = (mode, blob)
+            listed[self._relative(decode_path(path_b))] = (mode, blob)
         self._listed, self._listed_at = listed, commit
         return listed
 
@@ -148,21 +181,61 @@ class GitRepo:
     def _pathspecs(self) -> list[str]:
         return [f"{self.prefix}users", f"{self.prefix}cluster.yaml"]
 
-    def _read_blobs(self, blobs: Iterable[str]) -> None:
+    def _blob_sizes(self, blobs: Iterable[str]) -> dict[str, int]:
+        """blob -> size in bytes, asking git (``cat-file --batch-check``: headers only) for the
+        ones not seen before. Raises SourceUnavailable when a blob is missing from the repository."""
+        todo = sorted(b for b in blobs if b not in self._sizes)
+        if todo:
+            out = git(self.path, "cat-file", "--batch-check", input=("\n".join(todo) + "\n").encode())
+            for blob, line in zip(todo, out.split(b"\n"), strict=False):
+                fields = line.split()
+                if len(fields) != 3 or not fields[2].isdigit():
+                    raise SourceUnavailable(
+                        f"blob {blob} cannot be read in {self.path}: {line.decode(errors='replace')}"
+                    )
+                self._sizes[blob] = int(fields[2])
+        return {b: self._sizes[b] for b in blobs}
+
+    def _read_blobs(self, blobs: Iterable[str]) -> dict[str, bytes]:
+        """Return the content of ``blobs`` (read with one ``cat-file --batch``, streamed, so that only
+        what is returned is held) and keep it in the blob cache while that stays under its bound.
+        Raises SourceUnavailable when git cannot give one."""
         todo = sorted(set(blobs))
         if not todo:
-            return
-        out = git(self.path, "cat-file", "--batch", input=("\n".join(todo) + "\n").encode())
-        pos = 0
-        for blob in todo:
-            header_end = out.index(b"\n", pos)
-            header = out[pos:header_end].split()
-            size = int(header[2])
-            self.blobs[blob] = out[header_end + 1 : header_end + 1 + size]
-            pos = header_end + 1 + size + 1
-        # Only the current tree's blobs are worth keeping; bound the cache.
-        if len(self.blobs) > 50_000:
-            self.blobs.clear()
+            return {}
+        got: dict[str, bytes] = {}
+        with tempfile.TemporaryFile() as request:
+            request.write(("\n".join(todo) + "\n").encode())
+            request.seek(0)
+            proc = subprocess.Popen(
+                ["git", "-C", self.path, "cat-file", "--batch"],
+                stdin=request,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
+            assert proc.stdout is not None
+            try:
+                for blob in todo:
+                    fields = proc.stdout.readline().split()
+                    if len(fields) != 3 or not fields[2].isdigit():
+                        raise SourceUnavailable(f"blob {blob} cannot be read in {self.path}")
+                    size = int(fields[2])
+                    if size > MAX_BYTES:  # asked by mistake: skip it without holding it
+                        _discard(proc.stdout, size + 1)
+                        continue
+                    got[blob] = proc.stdout.read(size)
+                    proc.stdout.read(1)  # the newline after the content
+            finally:
+                proc.stdout.close()
+                proc.kill()
+                proc.wait()
+        for blob, content in got.items():
+            if self._blob_bytes + len(content) > BLOB_CACHE_BYTES:
+                self.blobs.clear()
+                self._blob_bytes = 0
+            self.blobs[blob] = content
+            self._blob_bytes += len(content)
+        return got
 
     def created_times(self, commit: str) -> dict[str, int]:
         """Map each path to the time that names its object: the author time of the commit that
@@ -239,5 +312,13 @@ class GitRepo:
                 stamp, *parents = raw[1:].decode().split()
                 commits.append((parents, int(stamp), []))
             elif commits:
-                commits[-1][2].append(self._relative(raw.decode(errors="replace")))
+                commits[-1][2].append(self._relative(decode_path(raw)))
         return commits
+
+
+def _discard(stream: IO[bytes], count: int) -> None:
+    while count > 0:
+        chunk = stream.read(min(count, 1 << 16))
+        if not chunk:
+            return
+        count -= len(chunk)

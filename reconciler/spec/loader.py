@@ -30,7 +30,7 @@ from reconciler.spec.types import (
     Training,
     UserPolicy,
 )
-from reconciler.spec.yamldoc import Document, YamlError, parse
+from reconciler.spec.yamldoc import MAX_BYTES, Document, YamlError, parse
 
 USER_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
@@ -49,14 +49,28 @@ class SourceFile:
     content: bytes | None
     blob: str
     symlink: bool = False
+    # Bytes, when the source knows them without the content (a git tree listing): a file over
+    # the limit comes with content None and is reported without ever being read.
+    size: int | None = None
+
+
+CACHE_BYTES = 16 * 1024 * 1024
 
 
 @dataclass
 class ParseCache:
-    """Parsed-and-schema-checked documents by (path, blob): unchanged blobs are not re-parsed."""
+    """Parsed-and-schema-checked documents by (path, blob): unchanged blobs are not re-parsed.
+
+    Bounded in bytes, not entries: ``max_bytes`` of source text across ``entries`` and ``built``
+    (a parsed document takes some ten times its text). A file that does not fit is parsed each
+    time instead; entries of files no longer in the tree are dropped at the end of a load.
+    """
 
     entries: dict[tuple[str, str], tuple[Document | None, list[Issue]]] = field(default_factory=dict)
     parsed: int = 0  # how many files were actually parsed (for benchmarks)
+    max_bytes: int = CACHE_BYTES
+    weights: dict[object, int] = field(default_factory=dict)  # entries' and built's keys -> source bytes
+    bytes: int = 0
     # Offline only (fs=None: the result is a pure function of the key): built objects by
     # (path, blob, created, cluster.yaml blob, task check, task-source present), and the
     # ClusterSpec by cluster.yaml blob, so that unchanged objects (and their memoised spec
@@ -64,6 +78,21 @@ class ParseCache:
     built: dict[tuple[object, ...], tuple[ModelSpec | TaskSpec | None, list[Issue]]] = field(default_factory=dict)
     clusters: dict[str, ClusterSpec] = field(default_factory=dict)
     keys: dict[str, tuple[ObjectKey | None, str | None]] = field(default_factory=dict)
+
+    def remember(self, table: dict[Any, Any], key: object, value: object, weight: int) -> None:
+        """Store ``value`` in ``table`` (``entries`` or ``built``) when its weight still fits."""
+        if key in table or self.bytes + weight > self.max_bytes:
+            return
+        table[key] = value
+        self.weights[key] = weight
+        self.bytes += weight
+
+    def keep_only(self, entries: set[tuple[str, str]], built: set[tuple[object, ...]]) -> None:
+        """Forget every entry but ``entries`` and ``built`` (what the current tree uses)."""
+        self.entries = {k: v for k, v in self.entries.items() if k in entries}
+        self.built = {k: v for k, v in self.built.items() if k in built}
+        self.weights = {k: w for k, w in self.weights.items() if k in self.entries or k in self.built}
+        self.bytes = sum(self.weights.values())
 
 
 def load(
@@ -100,6 +129,7 @@ def load(
 
     objects: dict[ObjectKey, SourceFile] = {}
     undeclared: dict[ObjectKey, list[Issue]] = {}
+    held: dict[ObjectKey, list[Issue]] = {}
     for path in by_path:  # issues are sorted at the end; objects are keyed, not ordered
         if not path.startswith("users/"):
             continue
@@ -107,7 +137,11 @@ def load(
         key, problem = hit if hit is not None else cache.keys.setdefault(path, classify(path))
         if key is None:
             if problem:
-                issues.append(Issue(path, 0, problem))
+                issue = Issue(shown_path(path), 0, problem)
+                issues.append(issue)
+                claim = claimed_key(path)
+                if claim is not None and claim.path not in by_path:
+                    held.setdefault(claim, []).append(issue)  # invalid, not absent: what runs for it is kept
             continue
         if cluster.users is not None and key.user not in cluster.users:
             issue = Issue(path, 0, f"user {key.user!r} is not declared under `users:` in cluster.yaml")
@@ -117,6 +151,7 @@ def load(
         objects[key] = by_path[path]
 
     state = DesiredState(cluster=cluster, cluster_valid=cluster_valid, revision=revision, approve_prune=approve_prune)
+    state.invalid.update(held)
     state.invalid.update(undeclared)
     task_names = {(k.user, k.name) for k in objects if k.kind == "task"}
     cluster_blob = by_path["cluster.yaml"].blob if "cluster.yaml" in by_path else None
@@ -154,15 +189,20 @@ def load(
             except Exception as exc:  # pragma: no cover - a bug must not take down other users
                 file_issues = [Issue(file.path, 0, f"internal error while loading: {exc!r}")]
             if memo is not None:
-                cache.built[memo] = (state.models.get(key) or state.tasks.get(key), file_issues)
+                built_spec = state.models.get(key) or state.tasks.get(key)
+                cache.remember(cache.built, memo, (built_spec, file_issues), _weight(file))
         if file_issues:
             state.invalid[key] = file_issues
             issues.extend(file_issues)
-    if len(cache.built) > 2 * len(used) + 1024:  # bound the memo to about what this tree uses
-        cache.built = {k: cache.built[k] for k in used if k in cache.built}
-    if len(cache.entries) > 2 * len(by_path) + 1024:  # a long-running daemon: forget blobs no longer in the tree
-        live = {(f.path, f.blob) for f in by_path.values()}
-        cache.entries = {k: v for k, v in cache.entries.items() if k in live}
+    # A long-running daemon: forget what is no longer in the tree before it crowds out what is.
+    if (
+        cache.bytes > cache.max_bytes // 2
+        or len(cache.built) > 2 * len(used) + 1024
+        or len(cache.entries) > 2 * len(by_path) + 1024
+    ):
+        cache.keep_only({(f.path, f.blob) for f in by_path.values()}, set(used))
+    if len(cache.keys) > 2 * len(by_path) + 1024:
+        cache.keys = {p: k for p, k in cache.keys.items() if p in by_path}
     state.issues = sorted(set(issues))
     return state
 
@@ -170,14 +210,69 @@ def load(
 def classify(path: str) -> tuple[ObjectKey | None, str | None]:
     """Map a path under ``users/`` to its object key (names checked); or (None, problem), or
     (None, None) for files that are ignored."""
+    if not _plain(path):
+        return None, (
+            "the path holds control or invisible characters, a backslash or bytes that are not UTF-8 "
+            "(shown escaped); object files are users/<user>/models/<name>.yaml and users/<user>/tasks/<name>.yaml"
+        )
     key, problem = _classify(path)
     if key is None:
         return key, problem
-    if not USER_RE.match(key.user):
+    # fullmatch: `$` would also match before a final newline ("chat\n" is not a name).
+    if not USER_RE.fullmatch(key.user):
         return None, f"user folder {key.user!r} must match {USER_RE.pattern}"
-    if not NAME_RE.match(key.name):
+    if not NAME_RE.fullmatch(key.name):
         return None, f"file name {key.name!r}.yaml must match {NAME_RE.pattern} (lowercase, digits, -)"
     return key, None
+
+
+def claimed_key(path: str) -> ObjectKey | None:
+    """The object an invalid file under ``users/`` still names, or None.
+
+    A file in ``users/<user>/models/`` or ``users/<user>/tasks/``, at any depth, whose name up to
+    its first dot is a valid object name holds ``users/<user>/<kind>s/<name>.yaml``: ``chat.yml``,
+    ``chat.yaml.bak`` or ``old/chat.yaml`` after ``chat.yaml`` was renamed keep the object ``chat``
+    as it runs (reported invalid) rather than deleting it. A file directly under ``users/<user>/``
+    names no kind and holds nothing.
+    """
+    parts = path.split("/")
+    if len(parts) < 4 or parts[0] != "users" or parts[2] not in KIND_OF_FOLDER or not _plain(path):
+        return None
+    name = parts[-1].split(".", 1)[0]
+    if not USER_RE.fullmatch(parts[1]) or not NAME_RE.fullmatch(name):
+        return None
+    kind: Kind = "model" if parts[2] == "models" else "task"
+    return ObjectKey(parts[1], kind, name)
+
+
+def _plain(path: str) -> bool:
+    """True when ``path`` can be shown as it is: printable, no backslash, valid UTF-8 (no surrogates)."""
+    return path.isprintable() and "\\" not in path
+
+
+def shown_path(path: str) -> str:
+    """``path`` as it can be printed on one line: unchanged when plain, else with every control or
+    invisible character, backslash and non-UTF-8 byte (a lone surrogate from ``surrogateescape``)
+    escaped the way Python's repr escapes them (``\\n``, ``\\x01``, ``\\xe9``, ``\\u202e``)."""
+    if _plain(path):
+        return path
+    out = []
+    for char in path:
+        code = ord(char)
+        if 0xDC80 <= code <= 0xDCFF:
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif char == "\\":
+            out.append("\\\\")
+        elif char.isprintable():
+            out.append(char)
+        else:
+            out.append(repr(char)[1:-1])
+    return "".join(out)
+
+
+def _weight(file: SourceFile) -> int:
+    """What caching ``file``'s parse costs, in source bytes (plus a small constant per entry)."""
+    return 256 + (len(file.content) if file.content is not None else 0)
 
 
 def _classify(path: str) -> tuple[ObjectKey | None, str | None]:
@@ -215,8 +310,11 @@ def _parse_checked(file: SourceFile, kind: str, cache: ParseCache) -> tuple[Docu
         return hit
     cache.parsed += 1
     result: tuple[Document | None, list[Issue]]
+    size = file.size if file.size is not None else (len(file.content) if file.content is not None else None)
     if file.symlink:
         result = (None, [Issue(file.path, 0, "symlinks are not allowed in the config repository")])
+    elif size is not None and size > MAX_BYTES:
+        result = (None, [Issue(file.path, 0, f"file is {size} bytes; the limit is {MAX_BYTES} (256 KiB)")])
     elif file.content is None:
         result = (None, [Issue(file.path, 0, "not a regular file")])
     else:
@@ -240,7 +338,7 @@ def _parse_checked(file: SourceFile, kind: str, cache: ParseCache) -> tuple[Docu
                 )
             else:
                 result = (doc, schema.validate(doc, kind))
-    cache.entries[(file.path, file.blob)] = result
+    cache.remember(cache.entries, (file.path, file.blob), result, _weight(file))
     return result
 
 
@@ -282,7 +380,7 @@ def _model(
     source_task: str | None = None
     if source.startswith("task:"):
         source_task = source[len("task:") :]
-        if not NAME_RE.match(source_task):
+        if not NAME_RE.fullmatch(source_task):
             return None, [Issue(doc.path, line, f"source: {source!r}: task name must match {NAME_RE.pattern}")]
         if (key.user, source_task) not in task_names:
             return None, [Issue(doc.path, line, f"source: no task users/{key.user}/tasks/{source_task}.yaml")]

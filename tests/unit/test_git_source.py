@@ -30,10 +30,10 @@ class CountingRepo(GitRepo):
 
     requested: list[str]
 
-    def _read_blobs(self, blobs: Iterable[str]) -> None:
+    def _read_blobs(self, blobs: Iterable[str]) -> dict[str, bytes]:
         wanted = list(blobs)
         self.requested = [*getattr(self, "requested", []), *wanted]
-        super()._read_blobs(wanted)
+        return super()._read_blobs(wanted)
 
 
 @pytest.fixture
