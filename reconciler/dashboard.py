@@ -2,11 +2,16 @@
 
 Connection problems raise :class:`RayUnavailable` (temporary: back off, apply nothing);
 an HTTP error answer raises :class:`DashboardError` with the status and the body text.
+
+Ray >= 2.52 can require a token on every dashboard call (``RAY_AUTH_MODE=token``); the client then sends
+``Authorization: Bearer <token>``, taken from ``ARGUS_RAY_TOKEN``, else Ray's own ``RAY_AUTH_TOKEN``, else the
+file named by ``RAY_AUTH_TOKEN_PATH``. With none of them set nothing is sent, as a cluster without auth expects.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from typing import Any
@@ -23,12 +28,41 @@ class DashboardError(ArgusError):
         self.text = text
 
 
-class Dashboard:
-    """``Dashboard("http://127.0.0.1:8265")``; every method returns parsed JSON (or text)."""
+def token_from_env(environ: dict[str, str] | None = None) -> str | None:
+    """The Ray auth token configured for argus: ``ARGUS_RAY_TOKEN``, ``RAY_AUTH_TOKEN``, or the file
+    ``RAY_AUTH_TOKEN_PATH`` names (the variables Ray itself reads); None when none is set.
 
-    def __init__(self, base_url: str, timeout: float = 30.0) -> None:
+    Raises ArgusError when ``RAY_AUTH_TOKEN_PATH`` names a file that cannot be read or is empty: a token
+    that was meant to be sent must not silently be left out.
+    """
+    env = os.environ if environ is None else environ
+    for name in ("ARGUS_RAY_TOKEN", "RAY_AUTH_TOKEN"):
+        if env.get(name, "").strip():
+            return env[name].strip()
+    path = env.get("RAY_AUTH_TOKEN_PATH", "").strip()
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            token = fh.read().strip()
+    except OSError as exc:
+        raise ArgusError(f"RAY_AUTH_TOKEN_PATH={path}: cannot read the Ray auth token: {exc}") from exc
+    if not token:
+        raise ArgusError(f"RAY_AUTH_TOKEN_PATH={path}: the Ray auth token file is empty")
+    return token
+
+
+class Dashboard:
+    """``Dashboard("http://127.0.0.1:8265")``; every method returns parsed JSON (or text).
+
+    ``token`` is the Ray auth token to send; by default it comes from the environment (:func:`token_from_env`).
+    """
+
+    def __init__(self, base_url: str, timeout: float = 30.0, *, token: str | None = "") -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        # "" means "not given": read the environment; None means "send no token".
+        self._token = token_from_env() if token == "" else token
 
     def request(self, method: str, path: str, body: Any = None, *, timeout: float | None = None) -> Any:
         """Send one request; return the decoded JSON body (None when empty, str when not JSON).
@@ -39,6 +73,8 @@ class Dashboard:
         req = urllib.request.Request(self.base_url + path, data=data, method=method)
         if data is not None:
             req.add_header("Content-Type", "application/json")
+        if self._token:
+            req.add_header("Authorization", f"Bearer {self._token}")
         try:
             with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
                 raw = resp.read()

@@ -78,6 +78,7 @@ class RayHead:
     serve_port: int
     log_path: str
     env: Mapping[str, str] = field(default_factory=dict)
+    auth_token: str | None = None
 
     @property
     def dashboard_url(self) -> str:
@@ -171,10 +172,13 @@ def start_head(
     env: Mapping[str, str] | None = None,
     temp_dir: str | None = None,
     timeout_s: float = 120.0,
+    auth_token: str | None = None,
 ) -> RayHead:
     """Start ``ray start --head --block`` in a new session and wait for its dashboard.
 
     ``env`` is added to the head's environment (workers and Serve replicas inherit it).
+    ``auth_token`` turns on Ray's token authentication (``RAY_AUTH_MODE=token``) with that token; without it
+    the head runs with authentication explicitly disabled, whatever token files this machine holds.
     Returns the :class:`RayHead`; raises RuntimeError (after killing it) when the
     dashboard does not answer within ``timeout_s`` or the process exits early.
     """
@@ -202,28 +206,30 @@ def start_head(
     ]
     if resources:
         cmd.append(f"--resources={json.dumps(dict(resources))}")
-    full_env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": auth_token} if auth_token else {"RAY_AUTH_MODE": "disabled"}
+    full_env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **auth, **(env or {})}
     log_path = os.path.join(temp_dir, "ray-start.log")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    head = RayHead(proc, temp_dir, ports, serve_port, log_path, dict(env or {}))
+    head = RayHead(proc, temp_dir, ports, serve_port, log_path, dict(env or {}), auth_token)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             head.stop()
             raise RuntimeError(f"ray start exited with {proc.returncode}:\n{_tail(log_path)}")
-        if _dashboard_ready(head.dashboard_url):
+        if _dashboard_ready(head.dashboard_url, auth_token):
             return head
         time.sleep(1.0)
     head.stop()
     raise RuntimeError(f"Ray dashboard did not answer within {timeout_s:.0f} s:\n{_tail(log_path)}")
 
 
-def _dashboard_ready(url: str) -> bool:
+def _dashboard_ready(url: str, token: str | None = None) -> bool:
     """True when both the dashboard and its Serve REST module answer."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         for path in ("/api/version", "/api/serve/applications/"):
-            with urllib.request.urlopen(url + path, timeout=5) as resp:
+            with urllib.request.urlopen(urllib.request.Request(url + path, headers=headers), timeout=5) as resp:
                 if resp.status != 200:
                     return False
     except (urllib.error.URLError, OSError, ValueError):
