@@ -22,7 +22,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 NODE = ROOT / "images" / "argus-ray-node"
 GIT_SERVER = ROOT / "images" / "git-server"
-DOCKERFILES = [NODE / "Dockerfile", GIT_SERVER / "Dockerfile"]
+SFTP = ROOT / "images" / "sftp"
+DOCKERFILES = [NODE / "Dockerfile", GIT_SERVER / "Dockerfile", SFTP / "Dockerfile"]
 
 
 def tool(name: str) -> str:
@@ -202,7 +203,18 @@ def test_compose_keeps_the_readme_promises(name: str) -> None:
     assert set(promise.get("environment", [])) <= environment(service), environment(service)
     if "env_file" in promise:
         files = service.get("env_file", [])
-        assert promise["env_file"] in ([files] if isinstance(files, str) else files)
+        files = [files] if isinstance(files, str) else [f["path"] if isinstance(f, dict) else f for f in files]
+        if promise["env_file"] == "none":
+            assert not files, f"{name} must get no env file (daemon secrets): {files}"
+        else:
+            assert promise["env_file"] in files
+    if "secrets" in promise:
+        given = {s if isinstance(s, str) else s["source"] for s in service.get("secrets", [])}
+        assert set(promise["secrets"]) <= given, given
+        assert set(promise["secrets"]) <= set(COMPOSE.get("secrets", {})), "a service uses an undefined secret"
+    for target in promise.get("read_only", []):
+        (vol,) = [v for v in service.get("volumes", []) if str(v).split(":")[1] == target]
+        assert str(vol).endswith(":ro"), f"{name}: {target} must be mounted read-only"
     command = service.get("command", [])
     for word in promise.get("command_contains", []):
         assert word in command, f"{name}: {word!r} not in {command}"
@@ -218,7 +230,7 @@ def test_compose_shares_private_and_the_repository() -> None:
     sources = {
         name: {str(v).split(":")[0] for v in s.get("volumes", []) if str(v).split(":")[1] == "/private"}
         for name, s in services.items()
-        if name != "git"
+        if name not in ("git", "files")
     }
     assert len(set.union(*sources.values())) == 1, f"every node must mount the same /private: {sources}"
     assert all(sources.values())
@@ -231,6 +243,60 @@ def test_compose_shares_private_and_the_repository() -> None:
     ids = [i for ids in gpu_sets for i in ids]
     assert len(ids) == len(set(ids)), "two workers reserve the same GPU"
     assert "--num-cpus=0" in (NODE / "argus-node").read_text()
+    # The file service serves the same shared folder's homes and cache, and the git server's key files.
+    (private,) = set.union(*sources.values())
+    files = {str(v).split(":")[1]: str(v).split(":")[0] for v in services["files"]["volumes"]}
+    assert files["/srv/sftp/users"] == f"{private}/users" and files["/srv/sftp/cache"] == f"{private}/hf"
+    git_keys = {str(v).split(":")[1]: str(v).split(":")[0] for v in services["git"]["volumes"]}
+    assert files["/keys"] == git_keys["/keys"]
+
+
+def test_ray_runs_without_the_daemons_secrets() -> None:
+    """argus-node starts Ray with the daemon-only variables removed (only `argus run` gets them)."""
+    script = (NODE / "argus-node").read_text()
+    assert re.search(r"^\s*env \$\(daemon_only_env\) ray start --head", script, re.M)
+    function = re.search(r"^daemon_only_env\(\) \{.*?^\}", script, re.M | re.S)
+    assert function
+    secrets = {name: "x" for name in PROMISES["daemon_only_env"]}
+    proc = subprocess.run(
+        ["bash", "-c", f"{function.group(0)}\nenv $(daemon_only_env) env"],
+        env={"PATH": os.environ["PATH"], "RAY_AUTH_TOKEN_PATH": "/run/secrets/t", **secrets},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    seen = {line.split("=", 1)[0] for line in proc.stdout.splitlines()}
+    assert not seen & set(secrets) and "RAY_AUTH_TOKEN_PATH" in seen, seen
+
+
+def test_sftp_config_confines_every_session() -> None:
+    """What tests/e2e/test_sftp.py runs for real, as rendered with the image's defaults."""
+    script = SFTP / "sshd-config"
+    assert os.access(script, os.X_OK)
+    out = subprocess.run(["sh", str(script)], capture_output=True, text=True, check=True, env={}).stdout
+    conf = dict(line.split(None, 1) for line in out.splitlines() if line.strip() and not line.startswith("#"))
+    assert conf["ChrootDirectory"] == "/srv/sftp" and conf["AllowGroups"] == "argus-sftp"
+    assert conf["ForceCommand"].startswith("internal-sftp ") and "-P symlink,hardlink" in conf["ForceCommand"]
+    assert conf["PasswordAuthentication"] == "no" and conf["PermitRootLogin"] == "no"
+    assert conf["DisableForwarding"] == "yes" and conf["PermitTTY"] == "no"
+    assert conf["AuthorizedKeysCommand"] == "/usr/local/bin/sftp-authorized-keys %u /keys"
+    for name in ("entrypoint", "sync-accounts", "sftp-authorized-keys"):
+        assert os.access(SFTP / name, os.X_OK)
+        subprocess.run(["bash", "-n", str(SFTP / name)], check=True)
+    assert PROMISES["sftp_remote"] in (ROOT / "docker-compose.yaml").read_text().replace("alice", "<user>")
+
+
+def test_sftp_keys_are_per_user(tmp_path: Path) -> None:
+    (tmp_path / "alice.pub").write_text("ssh-ed25519 AAAAC3Nza alice@laptop\n# old\n")
+    (tmp_path / "bob.pub").write_text("ssh-ed25519 AAAAC3Nzb bob")
+    script = str(SFTP / "sftp-authorized-keys")
+
+    def keys(user: str) -> list[str]:
+        return subprocess.run(["sh", script, user, str(tmp_path)], capture_output=True, text=True).stdout.splitlines()
+
+    assert keys("alice") == ["restrict ssh-ed25519 AAAAC3Nza alice@laptop"]
+    assert keys("bob") == ["restrict ssh-ed25519 AAAAC3Nzb bob"]
+    assert keys("carol") == [] and keys("../tmp/alice") == [] and keys("") == []
 
 
 def test_secrets_stay_out_of_git_and_images() -> None:
@@ -243,6 +309,8 @@ def test_secrets_stay_out_of_git_and_images() -> None:
     assert ignored.returncode == 0, ".env must be in .gitignore"
     assert subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", ".env.example"]).returncode == 1
     assert ".env" in (ROOT / ".dockerignore").read_text().split()
+    assert "secrets/" in (ROOT / ".dockerignore").read_text().split(), "the Ray auth token stays out of images"
+    assert subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", "secrets/ray_auth_token"]).returncode == 0
     assert PROMISES["git_remote"] in (ROOT / "docker-compose.yaml").read_text()
 
 

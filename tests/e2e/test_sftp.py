@@ -1,0 +1,318 @@
+"""The compose file service (images/sftp), run for real: Debian's sshd on a loopback port with the config the
+image renders (``sshd-config``), accounts made by the image's ``sync-accounts`` from key files, keys served by
+its ``sftp-authorized-keys``, and the real ``sftp``/``scp``/``ssh`` clients with real keys.
+
+Accounts: the test makes real system accounts (CI runs as root) with unique names through the image's own
+``sync-accounts``, and deletes them, their groups, the sshd it started and its folder at the end.
+The chroot lives under /var/lib (sshd refuses a chroot below a world-writable folder such as /tmp).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+IMAGE = Path(__file__).resolve().parents[2] / "images" / "sftp"
+SCRIPTS = ("sshd-config", "sync-accounts", "sftp-authorized-keys")
+SSHD = "/usr/sbin/sshd"
+RAY_UID = RAY_GID = 1000
+
+
+def require_sshd() -> None:
+    """Skip without sshd, the clients or root; in CI fail instead (the test must run there)."""
+    missing = [p for p in (SSHD, "sftp", "scp", "ssh", "ssh-keygen", "useradd") if not shutil.which(p)]
+    problem = f"missing {', '.join(missing)} (apt-get install openssh-server openssh-client)" if missing else ""
+    if not problem and os.geteuid() != 0:
+        problem = "needs root (it creates system accounts and chroots)"
+    if problem:
+        if os.environ.get("CI"):
+            pytest.fail(problem, pytrace=False)
+        pytest.skip(problem)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Service:
+    root: Path
+    port: int
+    env: dict[str, str]
+    sshd: subprocess.Popen[bytes]
+    users: dict[str, str] = field(default_factory=dict)  # short name -> account name
+
+    @property
+    def chroot(self) -> Path:
+        return self.root / "chroot"
+
+    def home(self, who: str) -> Path:
+        return self.chroot / "users" / self.users[who]
+
+    def key(self, who: str, name: str = "id") -> Path:
+        return self.root / "client" / who / name
+
+    def new_key(self, who: str, name: str = "id") -> Path:
+        path = self.key(who, name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", who, "-f", str(path)], check=True)
+        return path
+
+    def authorize(self, who: str, key: Path) -> None:
+        """Put ``who``'s public key where the git server reads it: keys/<user>.pub."""
+        (self.root / "keys" / f"{self.users[who]}.pub").write_text(key.with_suffix(".pub").read_text())
+
+    def sync(self) -> None:
+        subprocess.run([str(self.root / "bin" / "sync-accounts")], env=self.env, check=True, capture_output=True)
+
+    def login(self, who: str) -> str:
+        return f"{self.users[who]}@127.0.0.1"
+
+    def ssh_options(self, who: str, key: Path | None) -> list[str]:
+        return [
+            "-F",
+            "/dev/null",
+            "-i",
+            str(key or self.key(who)),
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "ConnectTimeout=10",
+        ]
+
+    def sftp(self, who: str, *commands: str, key: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """Run ``commands`` as one ``sftp -b`` batch (it stops at the first failing command)."""
+        batch = self.root / "client" / "batch"
+        batch.write_text("\n".join(commands) + "\n")
+        return subprocess.run(
+            ["sftp", *self.ssh_options(who, key), "-P", str(self.port), "-b", str(batch), self.login(who)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=self.root / "client",
+        )
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[Service]:
+    require_sshd()
+    tag = secrets.token_hex(3)
+    users = {who: f"{who}-{tag}" for who in ("alice", "bob", "carol")}
+    group = f"argus-sftp-{tag}"
+    root = Path(tempfile.mkdtemp(prefix="argus-sftp-", dir="/var/lib"))
+    root.chmod(0o755)
+    sshd: subprocess.Popen[bytes] | None = None
+    try:
+        for sub in ("bin", "keys", "client", "chroot/users", "chroot/cache/hub/models--org--m/snapshots/r1"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        for name in SCRIPTS:  # sshd wants root-owned, non-writable commands: copies of the shipped scripts
+            shutil.copy(IMAGE / name, root / "bin" / f"{name}")
+            (root / "bin" / name).chmod(0o755)
+        (root / "keys").chmod(0o755)
+        cache = root / "chroot" / "cache"
+        (cache / "hub/models--org--m/snapshots/r1/config.json").write_text('{"model_type": "llama"}\n')
+        for path in (cache, *cache.rglob("*")):
+            os.chown(path, RAY_UID, RAY_GID)
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        port = free_port()
+        env = {
+            **os.environ,
+            "SFTP_ROOT": str(root / "chroot"),
+            "SFTP_KEYS_DIR": str(root / "keys"),
+            "SFTP_BIN": str(root / "bin"),
+            "SFTP_GROUP": group,
+            "SFTP_PORT": str(port),
+            "SFTP_LISTEN": "127.0.0.1",
+            "SFTP_HOST_KEY": str(root / "host_key"),
+            "SFTP_PID_FILE": str(root / "sshd.pid"),
+        }
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "host_key")], check=True)
+        config = subprocess.run([str(root / "bin" / "sshd-config")], env=env, check=True, capture_output=True)
+        (root / "sshd_config").write_bytes(config.stdout)
+        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation folder
+        check = subprocess.run([SSHD, "-t", "-f", str(root / "sshd_config")], capture_output=True, text=True)
+        assert check.returncode == 0, check.stderr
+        sshd = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(root / "sshd_config")],
+            stdout=open(root / "sshd.log", "wb"),  # noqa: SIM115 - closed with the process
+            stderr=subprocess.STDOUT,
+        )
+        svc = Service(root, port, env, sshd, users)
+        for who in ("alice", "bob"):
+            svc.authorize(who, svc.new_key(who))
+        svc.sync()
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert sshd.poll() is None and time.monotonic() < deadline, (root / "sshd.log").read_text()
+                time.sleep(0.2)
+        yield svc
+    finally:
+        if sshd is not None:
+            sshd.terminate()
+            try:
+                sshd.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                sshd.kill()
+                sshd.wait()
+        for account in users.values():
+            subprocess.run(["userdel", account], capture_output=True)
+            subprocess.run(["groupdel", account], capture_output=True)
+        subprocess.run(["groupdel", group], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def as_ray_worker(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(cmd), user=RAY_UID, group=RAY_GID, extra_groups=[], capture_output=True, text=True)
+
+
+def test_user_uploads_into_her_home_and_reads_the_cache(service: Service) -> None:
+    client = service.root / "client"
+    (client / "train.jsonl").write_text('{"q": 1}\n')
+    (client / "train.jsonl").chmod(0o644)
+    proc = service.sftp(
+        "alice",
+        "pwd",
+        "mkdir data",
+        "put train.jsonl data/train.jsonl",
+        "get /cache/hub/models--org--m/snapshots/r1/config.json config.json",
+        "ls /",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"/users/{service.users['alice']}" in proc.stdout  # she starts in her home
+    assert (client / "config.json").read_text() == '{"model_type": "llama"}\n'
+    uploaded = service.home("alice") / "data" / "train.jsonl"
+    assert uploaded.read_text() == '{"q": 1}\n'
+    # Ray workers (uid/gid 1000) read what users upload, and write into their homes.
+    assert as_ray_worker("cat", str(uploaded)).stdout == '{"q": 1}\n'
+    made = as_ray_worker("mkdir", str(service.home("alice") / "runs"))
+    assert made.returncode == 0, made.stderr
+    assert service.home("alice").stat().st_mode & 0o7777 == 0o2770
+
+
+def test_user_cannot_reach_another_users_home(service: Service) -> None:
+    secret = service.home("bob") / "secret.txt"
+    secret.write_text("bob's\n")
+    os.chown(secret, RAY_UID, service.home("bob").stat().st_gid)
+    (service.root / "client" / "x.txt").write_text("x\n")
+    bob = f"/users/{service.users['bob']}"
+    for command in (
+        f"ls {bob}",
+        f"get {bob}/secret.txt stolen.txt",
+        f"put x.txt {bob}/x.txt",
+        f"mkdir {bob}/new",
+        f"rm {bob}/secret.txt",
+        "ls /users",  # not even who has a home
+        f"get ../{service.users['bob']}/secret.txt stolen.txt",
+    ):
+        proc = service.sftp("alice", command)
+        assert proc.returncode != 0, (command, proc.stdout)
+    # `cd` only stats the folder (its name is all it shows); nothing in it can be listed from there.
+    listed = service.sftp("alice", f"cd {bob}", "ls")
+    assert "Permission denied" in listed.stderr and "secret.txt" not in listed.stdout  # sftp's ls exits 0 here
+    assert not (service.root / "client" / "stolen.txt").exists()
+    assert secret.read_text() == "bob's\n" and not (service.home("bob") / "x.txt").exists()
+
+
+def test_user_cannot_write_the_cache(service: Service) -> None:
+    (service.root / "client" / "x.txt").write_text("x\n")
+    config = "/cache/hub/models--org--m/snapshots/r1/config.json"
+    for command in ("put x.txt /cache/x.txt", "mkdir /cache/new", f"rm {config}", f"put x.txt {config}"):
+        assert service.sftp("alice", command).returncode != 0, command
+    assert not (service.chroot / "cache" / "x.txt").exists() and not (service.chroot / "cache" / "new").exists()
+    assert (service.chroot / config.lstrip("/")).read_text() == '{"model_type": "llama"}\n'
+
+
+def test_user_cannot_escape_the_chroot(service: Service) -> None:
+    listing = service.sftp("alice", "cd /", "ls -1", "cd ../../..", "pwd")
+    assert listing.returncode == 0, listing.stderr
+    names = {line.strip() for line in listing.stdout.splitlines() if line.strip() and not line.startswith("sftp>")}
+    assert names - {"Remote working directory: /"} == {"cache", "users"}, listing.stdout
+    for command in ("get ../../../../etc/passwd passwd", "get /etc/hostname hostname", "symlink /etc/passwd pw"):
+        assert service.sftp("alice", command).returncode != 0, command
+    assert not (service.home("alice") / "pw").exists()
+    # Links a Ray job (or anyone outside) left in her home resolve inside the chroot, to nothing of anybody's.
+    home = service.home("alice")
+    (home / "to-bob-abs").symlink_to(service.home("bob") / "secret.txt")
+    (home / "to-bob-rel").symlink_to(Path("..") / service.users["bob"] / "secret.txt")
+    (home / "to-etc").symlink_to("/etc/passwd")
+    for link in ("to-bob-abs", "to-bob-rel", "to-etc"):
+        proc = service.sftp("alice", f"get {link} got-{link}")
+        assert proc.returncode != 0, link
+        assert not (service.root / "client" / f"got-{link}").exists()
+
+
+def test_no_shell_and_no_legacy_scp(service: Service) -> None:
+    user = f"{service.users['alice']}@127.0.0.1"
+    opts = service.ssh_options("alice", None)
+    shell = subprocess.run(
+        ["ssh", *opts, "-p", str(service.port), user, "id; cat /etc/passwd"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
+    assert "uid=" not in shell.stdout and "root:" not in shell.stdout, shell.stdout
+    (service.root / "client" / "s.txt").write_text("scp\n")
+    scp = subprocess.run(
+        ["scp", *opts, "-P", str(service.port), "s.txt", f"{user}:s.txt"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=service.root / "client",
+    )
+    assert scp.returncode == 0, scp.stderr  # scp speaks SFTP (OpenSSH >= 9.0)
+    assert (service.home("alice") / "s.txt").read_text() == "scp\n"
+    legacy = subprocess.run(
+        ["scp", "-O", *opts, "-P", str(service.port), "s.txt", f"{user}:legacy.txt"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=service.root / "client",
+    )
+    assert legacy.returncode != 0 and not (service.home("alice") / "legacy.txt").exists()
+
+
+def test_keys_are_per_user_and_take_effect_without_restart(service: Service) -> None:
+    pid = service.sshd.pid
+    # bob's key does not open alice's account.
+    assert service.sftp("alice", "pwd", key=service.key("bob")).returncode != 0
+    # A new user: a key file, then the image's periodic sync; sshd keeps running.
+    assert service.sftp("carol", "pwd", key=service.new_key("carol")).returncode != 0
+    service.authorize("carol", service.key("carol"))
+    service.sync()
+    proc = service.sftp("carol", "pwd")
+    assert proc.returncode == 0, proc.stderr
+    assert f"/users/{service.users['carol']}" in proc.stdout
+    # A replaced key works at once, the old one no longer does.
+    new = service.new_key("alice", "id2")
+    service.authorize("alice", new)
+    assert service.sftp("alice", "pwd", key=new).returncode == 0
+    assert service.sftp("alice", "pwd").returncode != 0
+    service.authorize("alice", service.key("alice"))
+    assert service.sshd.poll() is None and service.sshd.pid == pid
