@@ -141,9 +141,33 @@ def _states_table(result: TickResult) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Third-party modules of the daemon that only the runtime extras ([cpu], [gpu]) install.
+RUNTIME_MODULES = ("watchfiles", "prometheus_client", "jinja2", "ray")
+EXTRA_HINT = "pip install 'argus-reconciler[gpu]' (or '[cpu]' for CPU mode)"
+
+
+class MissingExtra(ArgusError):
+    """A runtime module is not installed: the base install has only validate/plan/status/init."""
+
+    def __init__(self, command: str, module: str) -> None:
+        super().__init__(f"argus {command} needs the runtime extra (module {module!r} is missing): {EXTRA_HINT}")
+
+
+def _require_runtime(command: str, modules: Sequence[str]) -> None:
+    """Raises MissingExtra naming the first of ``modules`` that cannot be imported."""
+    import importlib.util
+
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise MissingExtra(command, name)
+
+
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    if not args.once:
-        raise ArgusError("reconcile runs one tick and needs --once; use `argus run` for the daemon")
+    # One tick is the only mode (the daemon is `argus run`); --once is accepted for old scripts.
     _signing(args)  # a configuration error is reported before anything is read
     source = open_source(args.repo, args.cache_dir)
     reconciler = _reconciler(args, source)
@@ -186,6 +210,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from reconciler.server import start_server
     from reconciler.status.writer import StatusWriter
 
+    _require_runtime("run", RUNTIME_MODULES[:3])  # before any start-up work: one line, exit 1
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     logging.getLogger("watchfiles").setLevel(logging.WARNING)  # it logs every batch of changes
     _signing(args)
@@ -288,14 +313,23 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from reconciler.scaffold import init_repo
+    from reconciler.scaffold import default_source, init_repo, parse_source
 
-    for path in init_repo(args.dir, user=args.user, force=args.force):
-        print(f"created {path}")
-    print(
-        f"next: cd {args.dir} && git init -b main && pre-commit install && argus validate --offline . "
-        "&& git add -A && git commit -m 'argus init'"
-    )
+    source = parse_source(args.argus_source) if args.argus_source else default_source()
+    for path in init_repo(args.dir, user=args.user, force=args.force, source=source):
+        print(f"{'refreshed' if args.force else 'created'} {path}")
+    print(f"argus source (workflow, README, pre-commit): {source.pip}")
+    if source.placeholder:
+        print(
+            f"note: {source.url} is a placeholder: run again with --force --argus-source git+<argus repository URL>@"
+            f"{source.rev} (or a tag you pushed) before CI can install argus",
+            file=sys.stderr,
+        )
+    if not args.force:
+        print(
+            f"next: cd {args.dir} && git init -b main && pre-commit install && argus validate --offline . "
+            "&& git add -A && git commit -m 'argus init'"
+        )
     return 0
 
 
@@ -360,11 +394,15 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser(
         "reconcile",
         help="one reconcile tick: read git, observe Ray, plan, apply, print states",
-        description="Read the desired state at the branch head, observe Ray Serve and Ray Jobs, plan, "
-        "apply the difference and print the plan and the resulting states. Exit 0 when everything "
+        description="One tick, then exit: read the desired state at the branch head, observe Ray Serve and "
+        "Ray Jobs, plan, apply the difference and print the plan and the resulting states. Exit 0 when everything "
         "applied, 1 on any error (validation errors included; invalid objects are kept as they run).",
     )
-    r.add_argument("--once", action="store_true", help="run one tick and exit (the daemon is `argus run`)")
+    r.add_argument(
+        "--once",
+        action="store_true",
+        help="one tick and exit: the default and only mode (the daemon is `argus run`); accepted for scripts",
+    )
     _source_args(r)
     r.add_argument("--format", choices=["text", "json"], default="text")
     r.set_defaults(func=cmd_reconcile)
@@ -430,11 +468,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write cluster.yaml, an example user with a model and a task, a README for users, the "
         "JSON Schemas under .argus/schemas/ (named by each file's yaml-language-server modeline), a "
         ".pre-commit-config.yaml running `argus validate --offline` and a GitHub Actions workflow that posts "
-        "`argus plan` on pull requests. Refuses to overwrite existing files unless --force.",
+        "`argus plan` on pull requests. Refuses to overwrite existing files; --force refreshes the generated "
+        "ones only.",
     )
     it.add_argument("dir", metavar="DIR", help="folder of the new repository (created if missing)")
     it.add_argument("--user", default="alice", help="name of the example user (default: alice)")
-    it.add_argument("--force", action="store_true", help="overwrite files that exist already")
+    it.add_argument(
+        "--force",
+        action="store_true",
+        help="refresh only the generated files (schemas, .pre-commit-config.yaml, the workflow, .vscode/settings.json) "
+        "of an existing repository; cluster.yaml, users/ and README.md are never overwritten or created",
+    )
+    it.add_argument(
+        "--argus-source",
+        metavar="git+URL@REV",
+        help="where CI and pre-commit install argus from: its git repository pinned to a commit or tag "
+        "(default: a URL placeholder pinned to the commit this argus runs from)",
+    )
     it.set_defaults(func=cmd_init)
 
     dm = sub.add_parser(
@@ -524,6 +574,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
+    except ModuleNotFoundError as exc:
+        # A runtime module imported late (a lazy import in the daemon) on the base install: one line, no traceback.
+        if (exc.name or "").split(".")[0] not in RUNTIME_MODULES:
+            raise
+        print(f"argus: error: {MissingExtra(args.command, exc.name or '?')}", file=sys.stderr)
+        return 1
     except ArgusError as exc:
         print(f"argus: error: {exc}", file=sys.stderr)
         return 1

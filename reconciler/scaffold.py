@@ -1,10 +1,20 @@
-"""``argus init DIR``: scaffold a new config repository. I/O (writes files), no git, no network.
+"""``argus init DIR``: scaffold a new config repository. I/O (writes files; reads argus's own git commit), no network.
 
 The scaffold is what a cluster's users clone: ``cluster.yaml``, one example user with a model and a task,
 a README for users, the JSON Schemas copied under ``.argus/schemas/`` with ``yaml-language-server``
 modelines pointing at them by relative path (editors validate as users type, offline, against exactly the
 schemas of the argus version that made the repository), a ``.pre-commit-config.yaml`` running
 ``argus validate --offline`` and a GitHub Actions workflow that posts ``argus plan`` on every pull request.
+
+Two kinds of files: the **user files** (``cluster.yaml``, ``users/**``, ``README.md``) are written once, when
+a repository is created, and never again; the **generated files** (schemas, pre-commit config, workflow,
+editor settings) are argus's and ``argus init --force`` rewrites exactly those.
+
+Where CI and pre-commit get argus from is one setting, the *argus source* ``git+<URL>@<REV>``: argus is not
+published on a package index (a name there could be claimed by anyone, and would run in every config
+repository's CI), so the workflow and README install ``argus-reconciler @ git+<URL>@<REV>`` and the
+pre-commit example names ``repo: <URL>`` with ``rev: <REV>``. The default pins the commit this argus runs
+from (a revision that exists) at a URL placeholder the admin replaces.
 """
 
 from __future__ import annotations
@@ -12,6 +22,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+from dataclasses import dataclass
 
 from reconciler import __version__
 from reconciler.errors import ArgusError
@@ -19,6 +31,90 @@ from reconciler.spec.schema import SCHEMA_FILES, schema_text
 
 USER_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 SCHEMA_DIR = ".argus/schemas"
+URL_PLACEHOLDER = "https://<git host>/<org>/argus.git"
+REV_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# Written only when a repository is created; --force never touches them.
+USER_FILES = ("cluster.yaml", "README.md")
+USER_DIRS = ("users/",)
+
+
+@dataclass(frozen=True)
+class ArgusSource:
+    """Where config repositories install argus from: a git URL and a pinned revision (commit or tag)."""
+
+    url: str
+    rev: str
+
+    @property
+    def pip(self) -> str:
+        """The pip requirement: ``argus-reconciler @ git+<url>@<rev>``."""
+        return f"argus-reconciler @ git+{self.url}@{self.rev}"
+
+    @property
+    def placeholder(self) -> bool:
+        """True while the URL is still the placeholder the admin must replace."""
+        return "<" in self.url
+
+
+def parse_source(text: str) -> ArgusSource:
+    """Parse ``git+<URL>@<REV>`` (pip's VCS form; ``argus-reconciler @`` in front is accepted).
+
+    Raises ArgusError when the text is not that form: an unpinned source would install whatever the
+    branch holds on the day CI runs.
+    """
+    text = text.strip().removeprefix("argus-reconciler").strip().removeprefix("@").strip()
+    url, _, rev = text.removeprefix("git+").rpartition("@")
+    # The revision follows the last "@" (a URL may hold one too: ssh://git@host/...) and has no "/".
+    if (
+        not text.startswith("git+")
+        or not url
+        or "://" not in url
+        or any(c.isspace() for c in url)
+        or not REV_RE.match(rev)
+    ):
+        raise ArgusError(
+            f"--argus-source {text!r}: expected git+<URL>@<REV>, a git URL pinned to a commit or tag "
+            "(e.g. git+https://github.com/<org>/argus.git@<commit>)"
+        )
+    return ArgusSource(url, rev)
+
+
+def argus_commit() -> str | None:
+    """The commit of the argus checkout this code runs from (an editable or source install), or None."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.exists(os.path.join(root, ".git")):
+        return None
+    try:
+        out = subprocess.run(
+            ["git", "-C", root, "rev-parse", "--verify", "-q", "HEAD^{commit}"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    sha = out.stdout.strip()
+    return sha if out.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}", sha) else None
+
+
+def default_source() -> ArgusSource:
+    """The URL placeholder pinned to the commit this argus runs from.
+
+    Raises ArgusError when that commit is unknown (argus installed from a wheel): then the admin must say
+    which revision to pin (``--argus-source``), since a version tag may not exist.
+    """
+    commit = argus_commit()
+    if commit is None:
+        raise ArgusError(
+            "cannot tell which argus commit this is (not a git checkout): pass "
+            "--argus-source git+<argus repository URL>@<commit or tag>"
+        )
+    return ArgusSource(URL_PLACEHOLDER, commit)
+
+
+def is_user_file(rel: str) -> bool:
+    """True for files that belong to the repository's users and admins, never rewritten by argus."""
+    return rel in USER_FILES or rel.startswith(USER_DIRS)
 
 
 def _modeline(path: str, kind: str) -> str:
@@ -95,8 +191,9 @@ users/<user>/tasks/<name>.yaml    # one training task per file   (kind: Task)
 
 ## Working here
 
-1. Install the checker once: `pip install argus-reconciler` (the base package only: no Ray, no GPU), and
-   `pip install pre-commit && pre-commit install` so that every commit is validated.
+1. Install the checker once, the same argus the cluster's CI uses (the base package only: no Ray, no GPU):
+   `pip install "{pip}"`, and `pip install pre-commit && pre-commit install` so that every commit is
+   validated. (argus is installed from its git repository, pinned to a revision, not from a package index.)
 2. Add or edit a file under `users/<you>/`. Editors with the YAML language server (VS Code's YAML extension,
    Neovim, JetBrains) complete and check fields as you type: each file names its schema on its first line,
    and `.vscode/settings.json` maps new files to the schemas too.
@@ -111,16 +208,19 @@ Call a model with any OpenAI client: `base_url = "http://<head>:8000/v1"`, `mode
 Paths: `$HOME` is your folder on the cluster, `$HOME/common/hf` the shared Hugging Face cache. Paths outside
 them, other users' folders and models not yet in the cache are errors (download a model into the cache first).
 
-Schemas: `.argus/schemas/` (copied by `argus init` from argus {version}; refresh with
-`argus init --force .` after upgrading argus, then review the diff).
+Schemas: `.argus/schemas/` (copied by `argus init` from argus {version}). Admins refresh the generated
+files (schemas, `.pre-commit-config.yaml`, `.github/workflows/argus.yaml`, `.vscode/settings.json`) after
+upgrading argus with `argus init --force --argus-source 'git+<URL>@<REV>' .` and review the diff;
+`cluster.yaml`, `users/` and this README are never touched.
 """
 
 PRE_COMMIT = """\
+# Generated by `argus init` (refreshed by `argus init --force`).
 # pre-commit install   # once per clone; then every commit runs `argus validate --offline`
-# Uses the argus on your PATH (pip install argus-reconciler), so it works offline and needs nothing else.
+# Uses the argus on your PATH (pip install "{pip}"), so it works offline and needs nothing else.
 # To let pre-commit install argus itself instead, use the hook argus ships:
-#   - repo: <argus repository URL>
-#     rev: v{version}
+#   - repo: {url}
+#     rev: {rev}
 #     hooks: [{{id: argus-validate}}]
 repos:
   - repo: local
@@ -134,6 +234,7 @@ repos:
 """
 
 WORKFLOW = """\
+# Generated by `argus init` (refreshed by `argus init --force`).
 # On every pull request: validate the change and post `argus plan` as a comment, so the review sees what
 # will be deployed, restarted, stopped or queued before merging.
 name: argus
@@ -150,9 +251,9 @@ concurrency:
   cancel-in-progress: true
 
 env:
-  # The base package only (no Ray, no vLLM): installs in seconds. Or from git:
-  #   git+https://<git host>/<org>/argus.git@v{version}
-  ARGUS_PACKAGE: argus-reconciler=={version}
+  # The base package only (no Ray, no vLLM): installs in seconds. From argus's git repository pinned to a
+  # revision (argus is not on a package index); set with `argus init --force --argus-source git+<URL>@<REV>`.
+  ARGUS_PACKAGE: "{pip}"
   # The cluster's actual state: the daemon's status branch when it publishes actual.json there, else the file
   # named here (commit one exported from the cluster, or leave it absent to plan against an empty cluster).
   ARGUS_STATUS_BRANCH: argus/status
@@ -230,18 +331,23 @@ def _vscode_settings() -> str:
     return json.dumps({"yaml.schemas": schemas}, indent=2) + "\n"
 
 
-def files(user: str = "alice", branch: str = "main") -> dict[str, str]:
-    """The scaffold: repository-relative path -> content."""
+def files(user: str = "alice", branch: str = "main", source: ArgusSource | None = None) -> dict[str, str]:
+    """The scaffold: repository-relative path -> content (user files and generated files).
+
+    ``source`` defaults to :func:`default_source`. Raises ArgusError for an invalid user name, or when
+    no source is given and argus's own commit is unknown.
+    """
     if not USER_RE.match(user):
         raise ArgusError(f"user {user!r}: must match {USER_RE.pattern}")
+    src = source or default_source()
     model, task = f"users/{user}/models/chat.yaml", f"users/{user}/tasks/gsm8k-grpo.yaml"
     out = {
         "cluster.yaml": _modeline("cluster.yaml", "Cluster") + CLUSTER.format(user=user),
         model: _modeline(model, "Model") + MODEL.format(user=user),
         task: _modeline(task, "Task") + TASK,
-        "README.md": README.format(branch=branch, version=__version__),
-        ".pre-commit-config.yaml": PRE_COMMIT.format(version=__version__),
-        ".github/workflows/argus.yaml": WORKFLOW.format(version=__version__),
+        "README.md": README.format(branch=branch, version=__version__, pip=src.pip),
+        ".pre-commit-config.yaml": PRE_COMMIT.format(pip=src.pip, url=src.url, rev=src.rev),
+        ".github/workflows/argus.yaml": WORKFLOW.format(pip=src.pip),
         ".vscode/settings.json": _vscode_settings(),
     }
     for kind, name in SCHEMA_FILES.items():
@@ -249,16 +355,24 @@ def files(user: str = "alice", branch: str = "main") -> dict[str, str]:
     return out
 
 
-def init_repo(dir: str, *, user: str = "alice", force: bool = False) -> list[str]:
+def init_repo(dir: str, *, user: str = "alice", force: bool = False, source: ArgusSource | None = None) -> list[str]:
     """Write the scaffold into ``dir`` (created if needed) and return the paths written.
 
-    Refuses, writing nothing, when any of the files exists already, unless ``force``.
+    Without ``force``: a new repository; refuses, writing nothing, when any scaffold file exists already.
+    With ``force``: refreshes the generated files only (schemas, hooks, workflow, editor settings); user
+    files (``cluster.yaml``, ``users/**``, ``README.md``) are neither overwritten nor created.
+    Raises ArgusError as described, and as :func:`files` does.
     """
-    content = files(user)
+    content = files(user, source=source)
+    if force:
+        content = {rel: text for rel, text in content.items() if not is_user_file(rel)}
     targets = {rel: os.path.join(dir, *rel.split("/")) for rel in content}
     existing = sorted(rel for rel, path in targets.items() if os.path.lexists(path))
     if existing and not force:
-        raise ArgusError(f"{dir}: would overwrite {', '.join(existing)} (use --force to replace them)")
+        raise ArgusError(
+            f"{dir}: would overwrite {', '.join(existing)} (to refresh only the generated files — schemas, "
+            "hooks, workflow — use --force; cluster.yaml, users/ and README.md are never overwritten)"
+        )
     created: list[str] = []
     for rel in sorted(content):
         path = targets[rel]

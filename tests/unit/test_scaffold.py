@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from reconciler import __version__
 from reconciler.cli import main
 from reconciler.errors import ArgusError
-from reconciler.scaffold import files, init_repo
+from reconciler.scaffold import default_source, files, init_repo, is_user_file, parse_source
 
 BIN = Path(sys.executable).parent
 
@@ -78,8 +79,86 @@ def test_init_refuses_to_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["init", str(repo)]) == 1
     assert "--force" in capsys.readouterr().err
     assert (repo / "README.md").read_text() == "ours\n"
+    # --force writes the generated files only: the README is the users' (kept), and no example objects or
+    # cluster.yaml appear in a repository that did not have them.
     created = init_repo(str(repo), force=True)
-    assert str(repo / "README.md") in created and (repo / "README.md").read_text() != "ours\n"
+    assert (repo / "README.md").read_text() == "ours\n" and str(repo / "README.md") not in created
+    assert not (repo / "cluster.yaml").exists() and not (repo / "users").exists()
+    assert (repo / ".argus/schemas/model.schema.json").is_file() and (repo / ".pre-commit-config.yaml").is_file()
+
+
+def test_force_refreshes_generated_files_and_never_user_files(tmp_path: Path) -> None:
+    """`argus init --force`, the documented schema refresh, once overwrote cluster.yaml and model files."""
+    repo = tmp_path / "config"
+    init_repo(str(repo))
+    user_files = {
+        "cluster.yaml": "kind: Cluster\nusers: {alice: {gpus: 8}}\n",
+        "users/alice/models/chat.yaml": "kind: Model\nsource: $HOME/mine\n",
+        "users/alice/tasks/gsm8k-grpo.yaml": "kind: Task\nworkload: command\n",
+        "README.md": "# our cluster\n",
+    }
+    for rel, text in user_files.items():
+        (repo / rel).write_text(text)
+    (repo / "users/alice/models/chat.yaml").unlink()  # a user deleted the example: it must not come back
+    (repo / ".argus/schemas/model.schema.json").write_text("{}")  # stale schema
+    (repo / ".github/workflows/argus.yaml").write_text("stale\n")
+    source = parse_source("git+https://git.example.com/org/argus.git@0123456789abcdef0123456789abcdef01234567")
+    assert main(["init", "--force", "--argus-source", f"git+{source.url}@{source.rev}", str(repo)]) == 0
+    for rel, text in user_files.items():
+        if rel != "users/alice/models/chat.yaml":
+            assert (repo / rel).read_text() == text, rel
+    assert not (repo / "users/alice/models/chat.yaml").exists()
+    generated = files(source=source)
+    for rel in (".argus/schemas/model.schema.json", ".github/workflows/argus.yaml", ".pre-commit-config.yaml"):
+        assert (repo / rel).read_text() == generated[rel], rel
+    assert all(not is_user_file(rel) for rel in (".vscode/settings.json", ".argus/schemas/task.schema.json"))
+    assert all(is_user_file(rel) for rel in user_files)
+
+
+def test_argus_is_installed_from_the_pinned_source_set_in_one_place(tmp_path: Path) -> None:
+    """The workflow and README once installed `argus-reconciler==0.1.0` from PyPI (not published there: a name
+    anyone could claim) and pre-commit named the tag v0.1.0 (which does not exist)."""
+    rev = "0123456789abcdef0123456789abcdef01234567"
+    source = parse_source(f"git+ssh://git@git.example.com/org/argus.git@{rev}")
+    assert (source.url, source.rev) == ("ssh://git@git.example.com/org/argus.git", rev)
+    init_repo(str(tmp_path), source=source)
+    workflow = yaml.safe_load((tmp_path / ".github/workflows/argus.yaml").read_text())
+    assert workflow["env"]["ARGUS_PACKAGE"] == f"argus-reconciler @ git+ssh://git@git.example.com/org/argus.git@{rev}"
+    assert f'pip install "{source.pip}"' in (tmp_path / "README.md").read_text()
+    pre_commit = (tmp_path / ".pre-commit-config.yaml").read_text()
+    assert f"#   - repo: {source.url}\n#     rev: {rev}\n" in pre_commit
+    for path in tmp_path.rglob("*"):
+        if path.is_file() and path.suffix != ".json":
+            text = path.read_text()
+            assert "argus-reconciler==" not in text and f"v{__version__}" not in text, path
+    for bad in (
+        "argus-reconciler==0.1.0",
+        "git+https://git.example.com/org/argus.git",  # not pinned
+        "git+ssh://git@git.example.com/org/argus.git",  # the @ belongs to the URL: still not pinned
+        "git+https://git.example.com/org/argus.git@main branch",
+        "https://git.example.com/org/argus.git@v1",
+    ):
+        with pytest.raises(ArgusError, match="expected git"):
+            parse_source(bad)
+    assert parse_source("argus-reconciler @ git+https://h/o/argus.git@v1.2.3").rev == "v1.2.3"
+
+
+def test_default_source_pins_a_commit_that_exists_and_installs(tmp_path: Path) -> None:
+    """The default names no tag: it pins the commit this argus runs from, and pip installs from that form."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout: argus init needs --argus-source here")
+    source = default_source()
+    assert source.placeholder and re.fullmatch(r"[0-9a-f]{40}", source.rev)
+    assert run("git", "-C", str(root), "cat-file", "-e", f"{source.rev}^{{commit}}", cwd=tmp_path).returncode == 0
+    # The workflow's install step with the URL pointed at this checkout: pip accepts and installs the pinned form.
+    local = f"argus-reconciler @ git+file://{root}@{source.rev}"
+    proc = run(
+        sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+        "--target", str(tmp_path / "site"), local, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "site" / "reconciler" / "scaffold.py").is_file()
 
 
 def test_init_user_name_is_checked(tmp_path: Path) -> None:
@@ -118,7 +197,8 @@ def test_workflow_follows_the_github_schema_and_handles_plan_exit_codes(tmp_path
     assert "pull_request" in doc[True]  # YAML 1.1 reads the key `on` as True
     steps = doc["jobs"]["plan"]["steps"]
     script = "\n".join(s.get("run", "") for s in steps)
-    assert 'pip install --quiet "$ARGUS_PACKAGE"' in script and "argus-reconciler==" in workflow.read_text()
+    assert 'pip install --quiet "$ARGUS_PACKAGE"' in script
+    assert doc["env"]["ARGUS_PACKAGE"].startswith("argus-reconciler @ git+")
     assert "[gpu]" not in script and "[cpu]" not in script, "CI installs the base package only"
     assert "argus validate --offline ." in script
     assert "--format markdown" in script and "gh pr comment" in script
