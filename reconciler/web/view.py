@@ -1,0 +1,313 @@
+"""What the page shows, computed from a status snapshot: rows, order, filters, capacity. Pure.
+
+Everything here tolerates documents with missing or oddly typed fields: the status format
+moves with the daemon, and an old branch must still render.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# What needs someone's attention comes first; then work in progress; then what is fine.
+ATTENTION = ("FAILED", "INVALID", "UNSCHEDULABLE", "LOST", "QUEUED")
+PROGRESS = ("DEPLOYING", "SUBMITTED", "PENDING", "DELETING")
+ATTENTION_SYNC = ("Held", "Invalid")
+FINAL_RUN_STATES = ("SUCCEEDED", "FAILED", "STOPPED", "LOST")
+PER_PAGE = 200
+_NEEDS = re.compile(r"needs (\d+(?:\.\d+)?) GPU")
+_ERROR_LINE = re.compile(r"^- `(.*)`$")
+_REVISION_LINE = re.compile(r"(?i)^(desired revision|last applied|last attempted)[^`]*`([^`]*)`")
+
+
+def text(value: Any, default: str = "") -> str:
+    """A document field as display text (None -> ``default``)."""
+    if value is None:
+        return default
+    return value if isinstance(value, str) else str(value)
+
+
+def number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def listing(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else []
+
+
+def priority(state: str, sync: str) -> int:
+    """Sort rank: 0 needs attention, 1 in progress, 2 fine."""
+    if state in ATTENTION or sync in ATTENTION_SYNC:
+        return 0
+    if state in PROGRESS:
+        return 1
+    return 2
+
+
+@dataclass(frozen=True)
+class Row:
+    """One object on the overview."""
+
+    path: str
+    user: str
+    kind: str  # "model" | "task"
+    name: str
+    state: str
+    sync: str
+    where: str  # served model name, or the current run's submission id
+    replicas: str  # "ready/desired" for models, "" for tasks
+    gpus: float
+    last_transition: str
+    reason: str
+    rank: int
+
+    @property
+    def url(self) -> str:
+        return f"/users/{self.user}/{self.kind}s/{self.name}"
+
+    @property
+    def attention(self) -> bool:
+        return self.rank == 0
+
+
+def row(path: str, doc: Mapping[str, Any]) -> Row:
+    """The overview row of the document at ``path`` (``users/<user>/<kind>s/<name>.yaml``)."""
+    _, user, kinds, file = path.split("/")
+    kind = kinds[:-1]
+    state, sync = text(doc.get("state"), "UNKNOWN"), text(doc.get("sync"), "")
+    if kind == "model":
+        where = text(doc.get("served_name"))
+        reps = mapping(doc.get("replicas"))
+        replicas = f"{text(reps.get('ready'), '0')}/{text(reps.get('desired'), '?')}"
+    else:
+        where = text(doc.get("submission_id"))
+        replicas = ""
+    return Row(
+        path=path,
+        user=user,
+        kind=kind,
+        name=file.removesuffix(".yaml"),
+        state=state,
+        sync=sync,
+        where=where,
+        replicas=replicas,
+        gpus=number(doc.get("gpus")),
+        last_transition=text(doc.get("last_transition")),
+        reason=text(doc.get("reason")),
+        rank=priority(state, sync),
+    )
+
+
+def sorted_rows(docs: Mapping[str, Mapping[str, Any]]) -> list[Row]:
+    """Every object, what needs attention first, then by user, kind and name."""
+    return sorted((row(path, doc) for path, doc in docs.items()), key=sort_key)
+
+
+def sort_key(r: Row) -> tuple[int, str, str, str]:
+    return (r.rank, r.user, r.kind, r.name)
+
+
+@dataclass(frozen=True)
+class Filters:
+    user: str = ""
+    state: str = ""
+    kind: str = ""
+    page: int = 1
+    per_page: int = PER_PAGE
+
+    def keep(self, r: Row) -> bool:
+        if self.user and r.user != self.user:
+            return False
+        if self.kind and r.kind != self.kind:
+            return False
+        if self.state:
+            wanted = {s.strip() for s in self.state.split(",") if s.strip()}
+            if r.state not in wanted and r.sync not in wanted and not ("attention" in wanted and r.attention):
+                return False
+        return True
+
+    def query(self, **changes: Any) -> str:
+        """The query string of these filters with ``changes`` (for links: next page, a user)."""
+        values = {"user": self.user, "state": self.state, "kind": self.kind, "page": self.page, **changes}
+        parts = [f"{k}={_quote(str(v))}" for k, v in values.items() if v and not (k == "page" and v == 1)]
+        return "?" + "&".join(parts) if parts else "?"
+
+
+def _quote(value: str) -> str:
+    from urllib.parse import quote
+
+    return quote(value, safe=",")
+
+
+@dataclass(frozen=True)
+class Page:
+    rows: Sequence[Row]
+    total: int
+    page: int
+    pages: int
+
+
+def paginate(rows: Iterable[Row], filters: Filters) -> Page:
+    """The filtered rows of one page (pages count from 1; a page past the end is empty)."""
+    kept = [r for r in rows if filters.keep(r)]
+    per = max(1, filters.per_page)
+    pages = max(1, -(-len(kept) // per))
+    start = (max(1, filters.page) - 1) * per
+    return Page(rows=kept[start : start + per], total=len(kept), page=max(1, filters.page), pages=pages)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Cluster resources in GPUs and CPUs (from ``actual.json`` and the documents)."""
+
+    total: Mapping[str, float] = field(default_factory=dict)
+    available: Mapping[str, float] = field(default_factory=dict)
+    models: Mapping[str, float] = field(default_factory=dict)
+    jobs: Mapping[str, float] = field(default_factory=dict)
+    queued: Mapping[str, float] = field(default_factory=dict)
+    queued_objects: int = 0
+    known: bool = False  # actual.json held a capacity
+
+
+def _add(into: dict[str, float], resources: Any, times: float = 1.0) -> None:
+    for key, value in mapping(resources).items():
+        if key in ("GPU", "CPU"):
+            into[key] = into.get(key, 0.0) + number(value) * times
+
+
+def capacity(actual: Mapping[str, Any], docs: Mapping[str, Mapping[str, Any]]) -> Capacity:
+    """Totals, what models and running jobs hold, and what queued work asks for.
+
+    Models count their target replicas (what they hold once deployed), jobs count while
+    PENDING or RUNNING. Queued work counts the document's ``requested`` resources when the
+    daemon writes them, else the GPUs its reason names ("needs 2 GPU").
+    """
+    cap = mapping(actual.get("capacity"))
+    total: dict[str, float] = {}
+    available: dict[str, float] = {}
+    _add(total, cap.get("total"))
+    _add(available, cap.get("available"))
+    models: dict[str, float] = {}
+    for m in listing(actual.get("models")):
+        m = mapping(m)
+        _add(models, m.get("resources_per_replica"), number(m.get("replicas", 1)))
+    jobs: dict[str, float] = {}
+    for j in listing(actual.get("jobs")):
+        j = mapping(j)
+        if j.get("status") in ("PENDING", "RUNNING"):
+            _add(jobs, j.get("resources"))
+    queued: dict[str, float] = {}
+    n = 0
+    for doc in docs.values():
+        if doc.get("state") != "QUEUED":
+            continue
+        n += 1
+        requested = mapping(doc.get("requested"))
+        if requested:
+            _add(queued, requested)
+        else:
+            found = _NEEDS.search(text(doc.get("reason")))
+            if found:
+                queued["GPU"] = queued.get("GPU", 0.0) + float(found.group(1))
+    return Capacity(total, available, models, jobs, queued, n, known=bool(total))
+
+
+@dataclass(frozen=True)
+class Revisions:
+    attempted: str = ""
+    applied: str = ""
+    errors: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def revisions(root: Mapping[str, Any], docs: Mapping[str, Mapping[str, Any]]) -> Revisions:
+    """The desired revision last attempted and applied, and the validation errors.
+
+    Read from a root file with ``last_attempted``/``last_applied`` (the branch-level record),
+    else from the README's lines, else from the documents' own ``revision`` fields (the
+    revision most objects were last applied at).
+    """
+    attempted = applied = ""
+    errors: list[str] = []
+    notes: list[str] = []
+    for name, value in sorted(root.items()):
+        if name == "actual.json" or not isinstance(value, Mapping):
+            continue
+        rev = mapping(value.get("revision")) or value
+        attempted = attempted or text(rev.get("last_attempted") or rev.get("attempted"))
+        applied = applied or text(rev.get("last_applied") or rev.get("applied"))
+        errors += [text(e) for e in listing(value.get("errors"))]
+        notes += [text(e) for e in listing(value.get("notes"))]
+    readme = root.get("README.md")
+    if isinstance(readme, str):
+        section = ""
+        for line in readme.splitlines():
+            if line.startswith("#"):
+                section = line.lower()
+                continue
+            found = _REVISION_LINE.match(line.strip())
+            if found:
+                label, value = found.group(1).lower(), found.group(2)
+                if label == "last applied":
+                    applied = applied or value
+                else:
+                    attempted = attempted or value
+            error = _ERROR_LINE.match(line.strip())
+            if error and "error" in section and error.group(1) not in errors:
+                errors.append(error.group(1))
+    if not attempted or not applied:
+        seen_attempted: Counter[str] = Counter()
+        seen_applied: Counter[str] = Counter()
+        for doc in docs.values():
+            rev = mapping(doc.get("revision"))
+            if rev.get("last_attempted"):
+                seen_attempted[text(rev["last_attempted"])] += 1
+            if rev.get("last_applied"):
+                seen_applied[text(rev["last_applied"])] += 1
+        if not attempted and seen_attempted:
+            attempted = seen_attempted.most_common(1)[0][0]
+        if not applied and seen_applied:
+            applied = seen_applied.most_common(1)[0][0]
+    if attempted == "unknown":
+        attempted = ""
+    return Revisions(attempted, applied, tuple(errors), tuple(notes))
+
+
+def object_runs(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """A task's runs, newest first."""
+    runs = [mapping(r) for r in listing(doc.get("runs")) if isinstance(r, Mapping)]
+    return list(reversed(runs))
+
+
+def current_run(doc: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The run the document names as current (else the newest)."""
+    runs = object_runs(doc)
+    sid = doc.get("submission_id")
+    return next((r for r in runs if r.get("submission_id") == sid), runs[0] if runs else None)
+
+
+def openai_example(served_name: str, endpoint: str) -> tuple[str, str]:
+    """A copy-paste Python client example and a curl example for ``served_name`` at ``endpoint``."""
+    base = endpoint.rstrip("/") or "http://127.0.0.1:8000/v1"
+    python = (
+        "from openai import OpenAI\n\n"
+        f'client = OpenAI(base_url="{base}", api_key="unused")\n'
+        "reply = client.chat.completions.create(\n"
+        f'    model="{served_name}",\n'
+        '    messages=[{"role": "user", "content": "Hello!"}],\n'
+        ")\n"
+        "print(reply.choices[0].message.content)\n"
+    )
+    body = '{"model": "' + served_name + '", "messages": [{"role": "user", "content": "Hello!"}]}'
+    curl = f"curl {base}/chat/completions \\\n  -H \"Content-Type: application/json\" \\\n  -d '{body}'\n"
+    return python, curl
