@@ -249,21 +249,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     import subprocess
 
     from reconciler.status.branch import read_documents
+    from reconciler.web.text import fetch_status_source
 
-    source = open_source(args.repo, args.cache_dir)
-    if source.local:  # a user's clone: bring the daemon's branch in when there is an origin
-        subprocess.run(
-            [
-                "git",
-                "-C",
-                source.repo.path,
-                "fetch",
-                "-q",
-                "origin",
-                f"+refs/heads/{args.status_branch}:refs/remotes/origin/{args.status_branch}",
-            ],
-            capture_output=True,
-        )
+    source, stale = fetch_status_source(args.repo, args.cache_dir, args.status_branch)
+    if stale:
+        print(f"argus: warning: {stale}; showing the last copy fetched, which may be stale", file=sys.stderr)
     if args.format == "actual":
         from reconciler.status.branch import tip
 
@@ -286,7 +276,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         docs = {p: d for p, d in docs.items() if p == prefix + ".yaml" or p.startswith(prefix + "/")}
     if args.format == "json":
         print(json.dumps(docs, indent=2, default=str))
-        return 0
+        return 1 if stale else 0
     rows = [("OBJECT", "STATE", "SYNC", "ENDPOINT/JOB", "UPDATED")]
     for path in sorted(docs):
         d = docs[path]
@@ -303,12 +293,20 @@ def cmd_status(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for r in rows:
         print("  ".join(r[i].ljust(widths[i]) for i in range(5)).rstrip())
-    for path in sorted(docs):
-        d = docs[path]
-        if d.get("reason") and d.get("state") not in ("RUNNING", "SUCCEEDED"):
-            print(f"  {d.get('object')}: {d.get('reason')}")
+    from reconciler.web.text import attention_lines
+
+    for line in attention_lines(docs):
+        print(line)
     if not docs:
         print(f"(no status yet on branch {args.status_branch})", file=sys.stderr)
+    return 1 if stale else 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from reconciler.logs.client import log_url, stream_logs
+
+    url = log_url(args.server, args.target, run=args.run, follow=args.follow)
+    stream_logs(url, sys.stdout.buffer, timeout=3600.0 if args.follow else 60.0)
     return 0
 
 
@@ -461,6 +459,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="actual: the observed cluster state as JSON, the input of `argus plan --actual`",
     )
     st.set_defaults(func=cmd_status)
+
+    lg = sub.add_parser(
+        "logs",
+        help="print a task run's output (--follow: live) or a model's Serve messages, through the daemon",
+        description="Read logs through the daemon's HTTP API, so users need no access to the Ray dashboard. "
+        "A task's current run (or --run ID, a submission id from `argus status`) prints its output; "
+        "--follow keeps printing while the run goes on. A model prints its Serve application, deployment "
+        "and replica messages. Secrets are redacted.",
+    )
+    lg.add_argument("target", metavar="USER/tasks/NAME|USER/models/NAME")
+    lg.add_argument("--run", metavar="ID", help="a task's run (submission id); default: its current run")
+    lg.add_argument("--follow", "-f", action="store_true", help="keep printing a running task's output")
+    lg.add_argument(
+        "--server",
+        default=_env("SERVER", "http://127.0.0.1:8080"),
+        help="the daemon's web address (`argus run --listen`, or --web-listen when set) "
+        "(default: http://127.0.0.1:8080) [ARGUS_SERVER]",
+    )
+    lg.set_defaults(func=cmd_logs)
 
     it = sub.add_parser(
         "init",

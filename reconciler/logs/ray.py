@@ -32,17 +32,8 @@ class LogNotFound(LookupError):
 
 def redactor(secret_values: list[str]) -> Redact:
     """The shared redactor (``reconciler.redact``) over ``secret_values``."""
-    try:
-        from reconciler.redact import Redactor
-    except ImportError:  # TEMPORARY until reconciler.redact lands on main: secret values only
-        values = sorted({v for v in secret_values if len(v) >= 4}, key=len, reverse=True)
+    from reconciler.redact import Redactor
 
-        def replace(text: str) -> str:
-            for value in values:
-                text = text.replace(value, "***")
-            return text
-
-        return replace
     redact: Redact = Redactor(secret_values)
     return redact
 
