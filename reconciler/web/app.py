@@ -1,0 +1,29 @@
+"""The page handler the daemon serves: status branch reader + Ray logs + redaction, wired once. I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from reconciler.dashboard import Dashboard
+from reconciler.logs.ray import RayLogs, redactor
+from reconciler.web.handler import build_handler
+from reconciler.web.reader import StatusReader
+from reconciler.web.response import PageHandler
+
+
+def daemon_pages(
+    repo: str,
+    status_branch: str,
+    dash: Dashboard | None,
+    *,
+    secret_values: Iterable[str | None] = (),
+    endpoint: str = "",
+    refresh_s: float = 5.0,
+) -> PageHandler:
+    """The status page and API over ``status_branch`` of the git repository at ``repo``.
+
+    ``dash``: where logs are read (None: no log API); ``secret_values``: what the daemon hands
+    to jobs or holds itself, hidden from every log served.
+    """
+    logs = RayLogs(dash, redactor([v for v in secret_values if v])) if dash is not None else None
+    return build_handler(StatusReader(repo, status_branch), logs=logs, endpoint=endpoint, refresh_s=refresh_s)
