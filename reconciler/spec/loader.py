@@ -15,6 +15,7 @@ from typing import Any
 
 from reconciler.errors import Issue
 from reconciler.spec import schema
+from reconciler.spec.overrides import check_engine_kwargs, check_overrides, field_name
 from reconciler.spec.paths import FileSystem, PathError, resolve_path, resolve_source
 from reconciler.spec.types import (
     ClusterSpec,
@@ -39,6 +40,8 @@ IGNORED_NAMES = {".gitkeep", ".keep"}
 
 # A check that needs more than the spec (verl's config tree): returns (line, message) pairs.
 TaskCheck = Callable[[TaskSpec, ClusterSpec], list[tuple[int, str]]]
+# A check of a model against vLLM's engine arguments: returns (field path in the file, message) pairs.
+ModelCheck = Callable[[ModelSpec], list[tuple[tuple[str | int, ...], str]]]
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,7 @@ def load(
     fs: FileSystem | None = None,
     cache: ParseCache | None = None,
     task_check: TaskCheck | None = None,
+    model_check: ModelCheck | None = None,
     revision: str | None = None,
     approve_prune: bool = False,
 ) -> DesiredState:
@@ -163,7 +167,8 @@ def load(
         if fs is None and doc is not None and not file_issues:
             source = doc.data.get("source")
             has_task = isinstance(source, str) and source.startswith("task:") and (key.user, source[5:]) in task_names
-            memo = (file.path, file.blob, when, cluster_blob, id(task_check) if task_check else None, has_task)
+            checks = (id(task_check) if task_check else None, id(model_check) if model_check else None)
+            memo = (file.path, file.blob, when, cluster_blob, checks, has_task)
             used.append(memo)
             built = cache.built.get(memo)
             if built is not None:
@@ -179,7 +184,7 @@ def load(
         if doc is not None and not file_issues:
             try:
                 if key.kind == "model":
-                    model, file_issues = _model(key, doc, cluster, fs, when, task_names)
+                    model, file_issues = _model(key, doc, cluster, fs, when, task_names, model_check)
                     if model is not None:
                         state.models[key] = model
                 else:
@@ -372,6 +377,7 @@ def _model(
     fs: FileSystem | None,
     when: int,
     task_names: set[tuple[str, str]],
+    model_check: ModelCheck | None = None,
 ) -> tuple[ModelSpec | None, list[Issue]]:
     data = _integral(doc.data)
     source: str = data["source"]
@@ -389,22 +395,37 @@ def _model(
             source_path = resolve_source(source, key.user, cluster.paths, fs)
         except PathError as exc:
             return None, [Issue(doc.path, line, f"source: {exc}")]
-    return (
-        ModelSpec(
-            key=key,
-            source=source,
-            source_path=source_path,
-            source_task=source_task,
-            replicas=data.get("replicas", 1),
-            gpus_per_replica=data.get("gpus_per_replica", 1),
-            engine_kwargs=dict(data.get("engine_kwargs", {})),
-            env=dict(data.get("env", {})),
-            suspend=bool(data.get("suspend", False)),
-            created_at=when,
-            line=line,
-        ),
-        [],
+    engine_kwargs, refused = check_engine_kwargs(
+        data.get("engine_kwargs", {}),
+        user=key.user,
+        paths=cluster.paths,
+        fs=fs,
+        allow_trust_remote_code=cluster.serving.allow_trust_remote_code,
     )
+    if refused:
+        return None, [_at(doc, ("engine_kwargs", *where), message) for where, message in refused]
+    model = ModelSpec(
+        key=key,
+        source=source,
+        source_path=source_path,
+        source_task=source_task,
+        replicas=data.get("replicas", 1),
+        gpus_per_replica=data.get("gpus_per_replica", 1),
+        engine_kwargs=engine_kwargs,
+        env=dict(data.get("env", {})),
+        suspend=bool(data.get("suspend", False)),
+        created_at=when,
+        line=line,
+    )
+    found = model_check(model) if model_check is not None else []
+    if found:
+        return None, [_at(doc, where, message) for where, message in found]
+    return model, []
+
+
+def _at(doc: Document, where: tuple[str | int, ...], message: str) -> Issue:
+    """An Issue at ``where``'s line, its message prefixed with the field (``engine_kwargs.x: ...``)."""
+    return Issue(doc.path, doc.line(where), f"{field_name(where)}: {message}")
 
 
 TASK_DEFAULTS: dict[str, Any] = {"nodes": 1, "gpus_per_node": 1, "env": {}, "run": 1}
@@ -452,9 +473,20 @@ def _task(
         issues.append(
             Issue(doc.path, doc.line(("nodes",)), "nodes: workload: command runs on a single node (nodes: 1)")
         )
+    overrides_in = list(data.get("overrides", []))
+    overrides_out, refused = check_overrides(
+        overrides_in,
+        user=key.user,
+        nodes=raw["nodes"],
+        gpus_per_node=raw["gpus_per_node"],
+        paths=cluster.paths,
+        fs=fs,
+        allow_trust_remote_code=cluster.serving.allow_trust_remote_code,
+    )
+    issues.extend(_at(doc, ("overrides", i), message) for i, message in refused)
     if issues:
         return None, issues
-    overrides = tuple(data.get("overrides", []))
+    overrides = tuple(overrides_out)
     task = TaskSpec(
         key=key,
         workload=workload,

@@ -61,6 +61,8 @@ class Serving:
     http_port: int = 8000
     proxy_location: str = "HeadOnly"
     cpus_per_replica: float = 1.0
+    # Code in a model folder would run in the replica with the cluster's credentials.
+    allow_trust_remote_code: bool = False
 
 
 @dataclass(frozen=True)
