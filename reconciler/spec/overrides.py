@@ -79,6 +79,10 @@ PATH_KEYS = frozenset(
         "spec_model",
         "generation_config",
         "reasoning_parser_plugin",
+        "tool_parser_plugin",
+        "ssl_keyfile",
+        "ssl_certfile",
+        "ssl_ca_certs",
     }
 )
 _PATH_SUFFIXES = ("_path", "_dir", "_file", "_files")
@@ -89,7 +93,7 @@ _KEYWORDS = frozenset({"auto", "vllm", "none", "null", ""})
 
 TRUST_KEYS = frozenset({"trust_remote_code"})
 # A file of Python code loaded into the replica: the same trust as trust_remote_code.
-CODE_FILE_KEYS = frozenset({"reasoning_parser_plugin"})
+CODE_FILE_KEYS = frozenset({"reasoning_parser_plugin", "tool_parser_plugin"})
 _TRUST = (
     "runs code from the model's folder inside the process, with the cluster's credentials; "
     "the admin must set `serving.allow_trust_remote_code: true` in cluster.yaml"
@@ -114,10 +118,13 @@ ENGINE_GPU_KEYS: dict[str, str] = {
     "device_ids": "Ray Serve places the replica",
 }
 
-# A path inside a value: at the start or after a delimiter, so `http://x/y` and `a/b` are not paths.
-_PATH_IN_VALUE = re.compile(
-    r"""(?:(?<=^)|(?<=[\s\[,{('"=]))(?:file://)?(?:/|\$HOME\b|~[/A-Za-z_]|\$[A-Za-z_])[^\s,\]}'")]*"""
-)
+# What starts a path: an absolute path, $HOME, `~`, another variable (refused), or a file:// URI.
+_PATH_START = r"(?:file://)?(?:/|\$HOME\b|~[/A-Za-z_]|\$[A-Za-z_])"
+_PATH_PREFIX = re.compile(_PATH_START)
+# A path in unquoted hydra text: at the start or after a delimiter (so `http://x/y` and `a/b` are
+# not paths), up to the next list/mapping delimiter. It runs through spaces: hydra keeps them.
+_PATH_IN_TEXT = re.compile(r"(?:^|(?<=[\s\[,{(=])|(?<=:)(?!//))" + _PATH_START + r"[^,\]})'\"]*")
+_QUOTED = re.compile(r"'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\"")
 _RESOLVER = re.compile(r"\$\{\s*([A-Za-z_][\w.]*)\s*:([^}]*)\}")
 # Interpolations argus itself sets in every job's environment (reconciler.builders.jobs.job_env).
 _ARGUS_ENV = frozenset({"ARGUS_RUN_DIR", "ARGUS_CHECKPOINT_DIR"})
@@ -267,40 +274,58 @@ def _interpolation_problem(key: str, value: str) -> str | None:
 def _path_value(
     key: str, last: str, value: str, user: str, paths: Paths, fs: FileSystem | None, *, hydra: bool
 ) -> tuple[list[str], str]:
-    """Check every path in ``value`` (a known path key's whole value, and anything path-like)."""
+    """Check every path in ``value`` (a known path key's whole value, and anything path-like).
+
+    Returns the problems and the value with ``$HOME`` expanded.
+    """
     problems: list[str] = []
     is_path_key = last in PATH_KEYS or last.endswith(_PATH_SUFFIXES)
     bare = value.strip().strip("'\"") if hydra else value
-    relative = (
-        is_path_key
-        and bare.lower() not in _KEYWORDS
-        and not bare.startswith(("[", "{", "${"))
-        and not _PATH_IN_VALUE.fullmatch(bare)
-        and not (_HF_KEYS.search(last) and is_hf_id(bare))
-        and ("://" not in bare or bare.startswith("file://"))
-    )
-    if relative:
-        return [f"`{key}`: {bare!r}: relative paths are not allowed; start with $HOME/ or /"], value
     hf_ok = is_path_key and bool(_HF_KEYS.search(last))
-    if hf_ok and is_hf_id(bare):
+    if is_path_key and hf_ok and is_hf_id(bare):
         try:
             resolve_source(bare, user, paths, fs)
         except PathError as exc:
             problems.append(f"`{key}`: {exc}")
         return problems, value
+    relative = (
+        is_path_key
+        and bare.lower() not in _KEYWORDS
+        and not bare.startswith(("[", "{", "${"))
+        and not _PATH_PREFIX.match(bare)
+        and ("://" not in bare or bare.startswith("file://"))
+    )
+    if relative:
+        return [f"`{key}`: {bare!r}: relative paths are not allowed; start with $HOME/ or /"], value
 
-    def expand(match: re.Match[str]) -> str:
-        token = match.group(0)
+    def check(token: str) -> str:
+        """The policy-checked path (``$HOME`` expanded), or ``token`` unchanged when refused."""
         raw = token[len("file://") :] if token.startswith("file://") else token
         try:
             resolved = resolve_path(raw, user, paths, fs, must_exist=False)
         except PathError as exc:
             problems.append(f"`{key}`: {exc}")
             return token
-        return token.replace(raw, resolved) if raw.startswith("$HOME") else token
+        return token.replace(raw, resolved, 1) if raw.startswith("$HOME") else token
 
-    rewritten = _PATH_IN_VALUE.sub(expand, value)
-    return problems, rewritten
+    def in_text(text: str) -> str:
+        return _PATH_IN_TEXT.sub(lambda m: check(m.group(0).rstrip()) + m.group(0)[len(m.group(0).rstrip()) :], text)
+
+    if not hydra:
+        # A YAML value is already split into lists and mappings: a string is a path when it
+        # starts like one, as a whole (a chat template's `{{ a / b }}` is not).
+        return problems, (check(value) if _PATH_PREFIX.match(value) else value)
+    # A hydra value is text. A quoted string is one value (commas and spaces included), so it is
+    # checked whole: checking only its first part would let `'$HOME/x, ../../alice'` through.
+    out, pos = [], 0
+    for match in _QUOTED.finditer(value):
+        out.append(in_text(value[pos : match.start()]))
+        content = match.group(1) if match.group(1) is not None else match.group(2)
+        quote = match.group(0)[0]
+        out.append(quote + (check(content) if _PATH_PREFIX.match(content) else in_text(content)) + quote)
+        pos = match.end()
+    out.append(in_text(value[pos:]))
+    return problems, "".join(out)
 
 
 def _dict_entries(text: str) -> list[tuple[str, str]] | None:
