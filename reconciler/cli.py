@@ -26,7 +26,7 @@ from reconciler.source.directory import created_times, read_directory
 from reconciler.source.localfs import LocalFS
 from reconciler.source.remote import open_source
 from reconciler.source.signatures import SigningPolicy
-from reconciler.spec.loader import TaskCheck, load
+from reconciler.spec.loader import ModelCheck, TaskCheck, load
 from reconciler.spec.paths import FileSystem
 from reconciler.spec.types import DesiredState
 
@@ -54,25 +54,68 @@ def _task_check() -> TaskCheck | None:
     return check_overrides if verl_available() else None
 
 
+def _model_check() -> ModelCheck | None:
+    """vLLM's own engine-argument check, when vLLM is installed (it is not in the base install)."""
+    from reconciler.checks.engine_args import check_engine_kwargs, vllm_available
+
+    return check_engine_kwargs if vllm_available() else None
+
+
+def skipped_checks(
+    state: DesiredState, *, fs_skipped: str | None, task_check: TaskCheck | None, model_check: ModelCheck | None
+) -> list[str]:
+    """One line per check that did not run on ``state`` (empty when everything was checked)."""
+    notes = [fs_skipped] if fs_skipped else []
+    if task_check is None and any(t.workload != "command" for t in state.tasks.values()):
+        notes.append(
+            "verl is not installed here: task overrides were checked against argus's rules only, not against "
+            "verl's config (a misspelt key passes); install verl to check them"
+        )
+    if any(m.engine_kwargs for m in state.models.values()):
+        if model_check is None:
+            notes.append(
+                "vLLM is not installed here: engine_kwargs keys and value types were not checked against vLLM's "
+                "engine arguments; install vLLM to check them"
+            )
+        else:
+            from reconciler.checks.engine_args import engine_arg_table
+
+            if engine_arg_table() is None:
+                notes.append("vLLM's engine arguments could not be read: engine_kwargs were not checked against them")
+    return notes
+
+
 def load_dir(directory: str, offline: bool, *, quiet: bool = False) -> DesiredState:
-    """Load a plain directory. Online checks run only when the cluster's roots exist here."""
+    """Load a plain directory. Online checks run only when the cluster's roots exist here.
+
+    Every check that was skipped is named on stderr (unless ``quiet``)."""
     if not os.path.isdir(directory):
         raise ArgusError(f"{directory}: not a directory")
     files = read_directory(directory)
     created, now = created_times(directory)
     fs: FileSystem | None = None if offline else LocalFS()
-    state = load(files, created=created, default_time=now, fs=fs, task_check=_task_check())
+    task_check, model_check = _task_check(), _model_check()
+    state = load(files, created=created, default_time=now, fs=fs, task_check=task_check, model_check=model_check)
+    fs_skipped = (
+        "--offline: checks that need the cluster's file system (path existence, symlinks, Hugging Face cache) "
+        "were skipped"
+        if offline
+        else None
+    )
     if fs is not None:
         roots = [state.cluster.paths.common, state.cluster.paths.users]
         missing = [r for r in roots if not os.path.isdir(r)]
         if missing:
-            if not quiet:
-                print(
-                    f"note: {', '.join(missing)} not found on this machine: checks that need the cluster's file "
-                    "system were skipped (as with --offline)",
-                    file=sys.stderr,
-                )
-            state = load(files, created=created, default_time=now, fs=None, task_check=_task_check())
+            fs_skipped = (
+                f"{', '.join(missing)} not found on this machine: checks that need the cluster's file "
+                "system were skipped (as with --offline)"
+            )
+            state = load(
+                files, created=created, default_time=now, fs=None, task_check=task_check, model_check=model_check
+            )
+    if not quiet:
+        for note in skipped_checks(state, fs_skipped=fs_skipped, task_check=task_check, model_check=model_check):
+            print(f"note: {note}", file=sys.stderr)
     return state
 
 
@@ -99,15 +142,15 @@ SQUASH_NOTE = (
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    state = load_dir(args.dir, args.offline, quiet=args.format == "json")
-    state.approve_prune = state.approve_prune or args.approve_prune
-    actual = ActualState()
+    actual = ActualState()  # read first: a bad argument fails before any repository work
     if args.actual:
         try:
             with open(args.actual, encoding="utf-8") as fh:
                 actual = ActualState.from_json(json.load(fh))
         except (OSError, ValueError, ArgusError) as exc:
             raise ArgusError(f"{args.actual}: cannot read the actual state: {exc}") from exc
+    state = load_dir(args.dir, args.offline, quiet=args.format == "json")
+    state.approve_prune = state.approve_prune or args.approve_prune
     result = make_plan(state, actual)
     if any(a.type is ActionType.DEPLOY_MODEL for a in result.actions):
         result.notes.append(SQUASH_NOTE)

@@ -34,7 +34,7 @@ from reconciler.source.localfs import LocalFS
 from reconciler.source.remote import RepoSource
 from reconciler.source.signatures import SignatureVerifier, SigningPolicy
 from reconciler.spec.hashing import task_spec_hash
-from reconciler.spec.loader import ParseCache, TaskCheck, load
+from reconciler.spec.loader import ModelCheck, ParseCache, TaskCheck, load
 from reconciler.spec.paths import FileSystem
 from reconciler.spec.types import DesiredState, ObjectKey, TaskSpec
 
@@ -50,6 +50,13 @@ def default_task_check() -> TaskCheck | None:
     except ImportError:
         return None
     return check_overrides if verl_available() else None
+
+
+def default_model_check() -> ModelCheck | None:
+    """vLLM's engine-argument check when vLLM is installed (its table is read in a child process)."""
+    from reconciler.checks.engine_args import check_engine_kwargs, vllm_available
+
+    return check_engine_kwargs if vllm_available() else None
 
 
 @dataclass
@@ -92,6 +99,7 @@ class Reconciler:
         fs: FileSystem | None = None,
         secrets_env: Mapping[str, str] | None = None,
         task_check: TaskCheck | None = None,
+        model_check: ModelCheck | None = None,
         signing: SigningPolicy | None = None,
         state_dir: str | None = None,
     ) -> None:
@@ -105,6 +113,7 @@ class Reconciler:
             else {k: os.environ[k] for k in SECRET_ENV_NAMES if k in os.environ}
         )
         self.task_check = task_check if task_check is not None else default_task_check()
+        self.model_check = model_check if model_check is not None else default_model_check()
         self.cache = ParseCache()
         self.signing = signing or SigningPolicy()
         state_file = None
@@ -138,6 +147,7 @@ class Reconciler:
             fs=self.fs,
             cache=self.cache,
             task_check=self.task_check,
+            model_check=self.model_check,
             revision=commit,
             approve_prune=trusted.approve_prune if signed else snap.approve_prune,
         )

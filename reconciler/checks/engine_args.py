@@ -70,15 +70,17 @@ def engine_arg_table() -> Table | None:
     if cache and os.path.exists(cache):
         try:
             with open(cache, encoding="utf-8") as fh:
-                table: Table = json.load(fh)
-            return table
+                cached: Table = json.load(fh)
+            return cached
         except (OSError, ValueError):
             pass
+    table: Any = None
     try:
         proc = subprocess.run(
             [sys.executable, DESCRIBE], capture_output=True, text=True, timeout=300, env={**os.environ}, check=False
         )
-        table = json.loads(proc.stdout) if proc.returncode == 0 else None
+        if proc.returncode == 0:
+            table = json.loads(proc.stdout)
     except (OSError, subprocess.SubprocessError, ValueError):
         table = None
     if not isinstance(table, dict) or not isinstance(table.get("fields"), dict):
@@ -159,7 +161,7 @@ def render(tp: Any) -> str:
     if "list" in tp:
         return f"a list of {_plural(render(tp['list']))}" if tp["list"] != "any" else "a list"
     if "dict" in tp:
-        return "a mapping"
+        return f"a mapping of {_plural(render(tp['dict']))}" if tp["dict"] != "any" else "a mapping"
     if "union" in tp:
         return " or ".join(dict.fromkeys(render(t) for t in tp["union"]))
     return "anything"

@@ -84,13 +84,22 @@ def resolve_path(raw: str, user: str, paths: Paths, fs: FileSystem | None, *, mu
         )
     if fs is None:
         return path
-    if fs.exists(path):
-        real = fs.realpath(path)
-        real_roots = [fs.realpath(r) if fs.exists(r) else r for r in roots]
-        if not any(_inside(real, r) for r in real_roots):
-            raise PathError(f"{raw!r} is a symlink to {real}, outside the allowed roots")
-    elif must_exist:
+    if not fs.exists(path) and must_exist:
         raise PathError(f"{raw!r} ({path}) does not exist on the cluster's file system")
+    # A path that does not exist yet (an output folder) is created below its nearest existing
+    # ancestor: that ancestor must not be a symlink out of the roots either.
+    existing = path
+    while not fs.exists(existing) and existing != "/":
+        existing = posixpath.dirname(existing)
+    real = fs.realpath(existing)
+    real_roots = [fs.realpath(r) if fs.exists(r) else r for r in roots]
+    if (
+        fs.exists(existing)
+        and not any(_inside(real, r) for r in real_roots)
+        and any(_inside(existing, r) for r in roots)
+    ):
+        where = repr(raw) if existing == path else f"{raw!r}: {existing}"
+        raise PathError(f"{where} is a symlink to {real}, outside the allowed roots")
     return path
 
 

@@ -67,7 +67,11 @@ def test_validate_the_example_passes() -> None:
     proc = argus("validate", EXAMPLE, "--offline")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == f"ok: {example_objects()} object(s) valid\n"
-    assert proc.stderr == ""
+    # Issue 12: a check that did not run is named, never silent.
+    assert proc.stderr == (
+        "note: --offline: checks that need the cluster's file system (path existence, symlinks, Hugging Face cache) "
+        "were skipped\n"
+    )
 
 
 def test_validate_the_example_json() -> None:
