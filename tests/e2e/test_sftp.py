@@ -103,11 +103,10 @@ class Service:
         ]
 
     def sftp(self, who: str, *commands: str, key: Path | None = None) -> subprocess.CompletedProcess[str]:
-        """Run ``commands`` as one ``sftp -b`` batch (it stops at the first failing command)."""
-        batch = self.root / "client" / "batch"
-        batch.write_text("\n".join(commands) + "\n")
+        """Run ``commands`` as one ``sftp -b -`` batch on stdin (it stops at the first failing command)."""
         return subprocess.run(
-            ["sftp", *self.ssh_options(who, key), "-P", str(self.port), "-b", str(batch), self.login(who)],
+            ["sftp", *self.ssh_options(who, key), "-P", str(self.port), "-b", "-", self.login(who)],
+            input="\n".join(commands) + "\n",
             capture_output=True,
             text=True,
             timeout=60,
@@ -195,11 +194,15 @@ def test_user_uploads_into_her_home_and_reads_the_cache(service: Service) -> Non
     client = service.root / "client"
     (client / "train.jsonl").write_text('{"q": 1}\n')
     (client / "train.jsonl").chmod(0o644)
+    (client / "qwen").mkdir()  # a model folder, as `hf download ... --local-dir qwen` leaves it (README)
+    (client / "qwen" / "config.json").write_text("{}\n")
     proc = service.sftp(
         "alice",
         "pwd",
         "mkdir data",
         "put train.jsonl data/train.jsonl",
+        "-mkdir models",  # as in the README: "-" lets the batch go on when the folder exists
+        "put -R qwen models/qwen",
         "get /cache/hub/models--org--m/snapshots/r1/config.json config.json",
         "ls /",
     )
@@ -213,6 +216,7 @@ def test_user_uploads_into_her_home_and_reads_the_cache(service: Service) -> Non
     made = as_ray_worker("mkdir", str(service.home("alice") / "runs"))
     assert made.returncode == 0, made.stderr
     assert service.home("alice").stat().st_mode & 0o7777 == 0o2770
+    assert as_ray_worker("cat", str(service.home("alice") / "models/qwen/config.json")).stdout == "{}\n"
 
 
 def test_user_cannot_reach_another_users_home(service: Service) -> None:
