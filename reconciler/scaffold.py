@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 from reconciler import __version__
 from reconciler.errors import ArgusError
+from reconciler.spec.loader import USER_RE, USER_RULE
 from reconciler.spec.schema import SCHEMA_FILES, schema_text
 
-USER_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 SCHEMA_DIR = ".argus/schemas"
 URL_PLACEHOLDER = "https://<git host>/<org>/argus.git"
 REV_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -338,7 +338,7 @@ def files(user: str = "alice", branch: str = "main", source: ArgusSource | None 
     no source is given and argus's own commit is unknown.
     """
     if not USER_RE.match(user):
-        raise ArgusError(f"user {user!r}: must match {USER_RE.pattern}")
+        raise ArgusError(f"user {user!r}: must match {USER_RULE}")
     src = source or default_source()
     model, task = f"users/{user}/models/chat.yaml", f"users/{user}/tasks/gsm8k-grpo.yaml"
     out = {

@@ -15,11 +15,22 @@ can rebuild everything from Ray alone:
                        (Ray 2.60's job listing does not return the entrypoint
                        resources, and verl's GPUs are claimed by its workers)
 ``argus-workload``     ppo | grpo | sft | command
+``argus-proof``        :func:`ownership_proof`: HMAC-SHA256 over the submission
+                       id, user, task and spec hash, keyed by a secret only
+                       the daemon holds
 =====================  ===================================================
+
+Labels prove nothing by themselves: code running on the cluster can reach the Jobs API and
+submission ids are predictable from the public repository. Only a job whose ``argus-proof``
+verifies under the daemon's key is argus's; any other job is foreign, whatever its labels say.
+The run folder (and so the checkpoint a ``task:`` model serves) is derived from the proven
+submission id (:func:`run_folder`), never read from the labels.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import posixpath
 import re
@@ -41,6 +52,8 @@ LABEL_REVISION = "argus-revision"
 LABEL_RUN_DIR = "argus-run-dir"
 LABEL_RESOURCES = "argus-resources"
 LABEL_WORKLOAD = "argus-workload"
+LABEL_PROOF = "argus-proof"
+_PROOF_CONTEXT = b"argus-ownership-v1"
 
 ENV_RUN_DIR = "ARGUS_RUN_DIR"
 ENV_CHECKPOINT_DIR = "ARGUS_CHECKPOINT_DIR"
@@ -64,9 +77,40 @@ SAVE_CONTENTS = "[model,optimizer,extra,hf_model]"
 _PLAIN_VALUE = re.compile(r"^[A-Za-z0-9_./~+:@%-]+$")
 
 
-def run_dir(task: TaskSpec, cluster: ClusterSpec) -> str:
-    """Return the run folder ``<paths.users>/<user>/jobs/<task>/<submission-id>`` (absolute)."""
-    return posixpath.join(cluster.paths.users, task.key.user, "jobs", task.key.name, submission_id(task))
+def run_dir(task: TaskSpec, cluster: ClusterSpec, sid: str | None = None) -> str:
+    """Return the run folder ``<paths.users>/<user>/jobs/<task>/<submission-id>`` (absolute).
+
+    ``sid`` defaults to the task's first-choice :func:`~reconciler.spec.hashing.submission_id`.
+    """
+    return run_folder(cluster.paths.users, task.key.user, task.key.name, sid or submission_id(task))
+
+
+def run_folder(users_root: str, user: str, task: str, sid: str) -> str:
+    """The run folder of submission ``sid`` of ``users/<user>/tasks/<task>``: ``<users_root>/<user>/jobs/<task>/<sid>``.
+
+    Injective like its parts (user and task names cannot contain ``/``; ``sid`` names its key).
+    """
+    return posixpath.join(users_root, user, "jobs", task, sid)
+
+
+def ownership_proof(key: bytes, *, sid: str, user: str, task: str, spec_hash: str) -> str:
+    """Return the hex HMAC-SHA256 that marks job ``sid`` as argus's run of ``user``/``task`` at ``spec_hash``.
+
+    Fields are NUL-separated (no name can contain NUL), so no two field tuples share a message.
+    """
+    message = b"\0".join([_PROOF_CONTEXT, *(f.encode() for f in (sid, user, task, spec_hash))])
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def proof_valid(key: bytes, sid: str, metadata: Mapping[str, Any]) -> bool:
+    """True when ``metadata`` carries a valid :func:`ownership_proof` for job ``sid`` (constant-time compare)."""
+    claimed = metadata.get(LABEL_PROOF)
+    fields = [metadata.get(LABEL_USER), metadata.get(LABEL_TASK), metadata.get(LABEL_SPEC_HASH)]
+    if not key or not isinstance(claimed, str) or not all(isinstance(f, str) and f for f in fields):
+        return False
+    user, task, spec_hash = (str(f) for f in fields)
+    expected = ownership_proof(key, sid=sid, user=user, task=task, spec_hash=spec_hash)
+    return hmac.compare_digest(expected, claimed)
 
 
 def checkpoint_dir(run_folder: str) -> str:
@@ -178,19 +222,35 @@ def job_env(task: TaskSpec, cluster: ClusterSpec, *, run_folder: str, secrets_en
     }
 
 
-def job_metadata(task: TaskSpec, cluster: ClusterSpec, *, run_folder: str, revision: str | None) -> dict[str, str]:
-    """Return the ownership labels stored with the job (all values are strings)."""
+def job_metadata(
+    task: TaskSpec,
+    cluster: ClusterSpec,
+    *,
+    run_folder: str,
+    revision: str | None,
+    sid: str | None = None,
+    ownership_key: bytes = b"",
+) -> dict[str, str]:
+    """Return the labels stored with the job (all values are strings), with the ownership proof
+    when ``ownership_key`` is given. ``run_folder`` is informational: the observer derives it."""
     resources = {k: v for k, v in task_resources(task, cluster).items() if v}
-    return {
+    digest = task_spec_hash(task)
+    out = {
         MANAGED_BY: MANAGER,
         LABEL_USER: task.key.user,
         LABEL_TASK: task.key.name,
-        LABEL_SPEC_HASH: task_spec_hash(task),
+        LABEL_SPEC_HASH: digest,
         LABEL_REVISION: revision or "",
         LABEL_RUN_DIR: run_folder,
         LABEL_RESOURCES: json.dumps(resources, sort_keys=True, separators=(",", ":")),
         LABEL_WORKLOAD: task.workload,
     }
+    if ownership_key:
+        sid = sid or submission_id(task)
+        out[LABEL_PROOF] = ownership_proof(
+            ownership_key, sid=sid, user=task.key.user, task=task.key.name, spec_hash=digest
+        )
+    return out
 
 
 def working_dir_uri(path: str) -> str:
@@ -205,8 +265,13 @@ def job_submission(
     *,
     revision: str | None,
     secrets_env: Mapping[str, str],
+    sid: str | None = None,
+    ownership_key: bytes = b"",
 ) -> dict[str, Any]:
     """Return the JSON body of ``POST /api/jobs/`` for one run of ``task``.
+
+    ``sid``: the submission id the planner chose (default: the first choice); ``ownership_key``
+    signs the run (:func:`ownership_proof`); without it the job is foreign to every daemon.
 
     The driver asks for ``cluster.training.driver_resources`` (a custom resource only
     worker nodes have) so it never lands on the head. A ``command`` task's driver also
@@ -216,12 +281,15 @@ def job_submission(
     Raises PermanentError for a multi-node ``command`` task or a verl task with
     unresolved paths.
     """
-    folder = run_dir(task, cluster)
+    sid = sid or submission_id(task)
+    folder = run_dir(task, cluster, sid)
     wandb = "WANDB_API_KEY" in secrets_env
     runtime_env: dict[str, Any] = {"env_vars": job_env(task, cluster, run_folder=folder, secrets_env=secrets_env)}
     body: dict[str, Any] = {
-        "submission_id": submission_id(task),
-        "metadata": job_metadata(task, cluster, run_folder=folder, revision=revision),
+        "submission_id": sid,
+        "metadata": job_metadata(
+            task, cluster, run_folder=folder, revision=revision, sid=sid, ownership_key=ownership_key
+        ),
         "entrypoint_resources": {k: float(v) for k, v in cluster.training.driver_resources.items()},
     }
     if task.workload == "command":

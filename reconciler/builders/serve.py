@@ -32,6 +32,17 @@ def app_name(user: str, name: str) -> str:
     return f"{OWNED_PREFIX}{user}--{name}"
 
 
+def parse_app_name(name: str) -> tuple[str, str] | None:
+    """Return ``(user, name)`` of an application name :func:`app_name` made, else None.
+
+    Injective because user and model names never contain ``--`` (the loader's name rules).
+    """
+    if not name.startswith(OWNED_PREFIX):
+        return None
+    parts = name[len(OWNED_PREFIX) :].split("--")
+    return (parts[0], parts[1]) if len(parts) == 2 and all(parts) else None
+
+
 def is_owned_app(name: str) -> bool:
     """True for every application argus manages (the models and the router)."""
     return name.startswith(OWNED_PREFIX) or name == ROUTER_APP

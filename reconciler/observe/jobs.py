@@ -1,7 +1,10 @@
 """Observe argus's Ray Jobs through the Jobs REST API. I/O.
 
-Ownership is read back from each job's ``metadata`` (``managed-by: argus``): Ray is the
-only record of what argus submitted; jobs without the label are never reported.
+A job is argus's only when its ``argus-proof`` label verifies under the daemon's ownership
+key (:func:`~reconciler.builders.jobs.proof_valid`). Every other job that claims to be argus's
+(its labels or its ``argus--`` id) is *foreign*: reported, never adopted, never a run of any
+task. The run folder, where a run's checkpoint is looked for, is derived from the proven
+submission id and re-checked against the path policy; the labels are never trusted for it.
 """
 
 from __future__ import annotations
@@ -12,21 +15,26 @@ import os
 import re
 import urllib.parse
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from reconciler.builders.jobs import (
     LABEL_RESOURCES,
     LABEL_REVISION,
-    LABEL_RUN_DIR,
     LABEL_SPEC_HASH,
     LABEL_TASK,
     LABEL_USER,
     MANAGED_BY,
     MANAGER,
+    proof_valid,
+    run_folder,
 )
 from reconciler.dashboard import Dashboard
 from reconciler.plan.actual import ActualJob
-from reconciler.spec.types import ObjectKey
+from reconciler.source.localfs import LocalFS
+from reconciler.spec.hashing import SUBMISSION_PREFIX
+from reconciler.spec.paths import PathError, resolve_path
+from reconciler.spec.types import ObjectKey, Paths
 
 # Files that make a folder loadable by `from_pretrained` (one is enough, besides config.json).
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -37,34 +45,71 @@ _MAX_DEPTH = 6
 _ENTRYPOINT_FIELDS = (("entrypoint_num_cpus", "CPU"), ("entrypoint_num_gpus", "GPU"), ("entrypoint_memory", "memory"))
 
 
-def observe_jobs(dash: Dashboard) -> list[ActualJob]:
-    """Return every argus-owned Ray Job (all states), newest Ray data.
+@dataclass(frozen=True)
+class ForeignJob:
+    """A Ray job that claims to be argus's (labels or id) without a valid ownership proof."""
 
-    ``hf_checkpoint`` is filled for SUCCEEDED jobs (a file-system scan of the run folder
-    named in the job's metadata). Raises RayUnavailable / DashboardError from the client.
+    submission_id: str
+    claims: str  # what its labels claim, e.g. "alice/tasks/train" ("" when nothing)
+    status: str
+
+
+@dataclass(frozen=True)
+class JobsObservation:
+    owned: list[ActualJob]
+    foreign: list[ForeignJob]
+
+
+def observe_jobs(dash: Dashboard, ownership_key: bytes, paths: Paths | None = None) -> list[ActualJob]:
+    """Return every Ray Job argus can prove it submitted (all states), sorted by submission id.
+
+    See :func:`observe_job_records`. Raises RayUnavailable / DashboardError from the client.
+    """
+    return observe_job_records(dash, ownership_key, paths).owned
+
+
+def observe_job_records(dash: Dashboard, ownership_key: bytes, paths: Paths | None = None) -> JobsObservation:
+    """Return argus's jobs (proof valid under ``ownership_key``) and the foreign ones claiming to be.
+
+    ``hf_checkpoint`` is filled for SUCCEEDED owned jobs from a scan of the run folder derived
+    from ``paths`` (None: no scan), kept only when it passes the path policy for the job's user.
+    Raises RayUnavailable / DashboardError from the client.
     """
     data = dash.get("/api/jobs/")
     jobs = data if isinstance(data, list) else []
-    out = []
+    owned: list[ActualJob] = []
+    foreign: list[ForeignJob] = []
     for info in jobs:
-        job = _to_actual(info)
+        if not isinstance(info, Mapping):
+            continue
+        job = _to_actual(info, ownership_key, paths)
         if job is not None:
-            out.append(job)
-    return sorted(out, key=lambda j: j.submission_id)
+            owned.append(job)
+            continue
+        sid = str(info.get("submission_id") or "")
+        raw_meta = info.get("metadata")
+        meta: Mapping[str, Any] = raw_meta if isinstance(raw_meta, Mapping) else {}
+        if sid.startswith(SUBMISSION_PREFIX) or meta.get(MANAGED_BY) == MANAGER:
+            user, task = meta.get(LABEL_USER), meta.get(LABEL_TASK)
+            claims = f"{user}/tasks/{task}" if user and task else ""
+            foreign.append(ForeignJob(sid, claims, str(info.get("status", ""))))
+    return JobsObservation(sorted(owned, key=lambda j: j.submission_id), sorted(foreign, key=lambda j: j.submission_id))
 
 
-def _to_actual(info: Mapping[str, Any]) -> ActualJob | None:
-    """One ``JobDetails`` entry as an :class:`ActualJob`, or None when argus does not own it."""
+def _to_actual(info: Mapping[str, Any], ownership_key: bytes, paths: Paths | None) -> ActualJob | None:
+    """One ``JobDetails`` entry as an :class:`ActualJob`, or None when argus cannot prove it owns it."""
     meta = info.get("metadata") or {}
     sid = info.get("submission_id")
-    if meta.get(MANAGED_BY) != MANAGER or not sid or not meta.get(LABEL_USER) or not meta.get(LABEL_TASK):
+    if not isinstance(meta, Mapping) or not isinstance(sid, str) or meta.get(MANAGED_BY) != MANAGER:
         return None
+    if not proof_valid(ownership_key, sid, meta):
+        return None
+    user, task = str(meta[LABEL_USER]), str(meta[LABEL_TASK])
     status = str(info.get("status", "PENDING"))
-    run_folder = meta.get(LABEL_RUN_DIR) or None
-    checkpoint = find_hf_checkpoint(run_folder) if status == "SUCCEEDED" and run_folder else None
+    checkpoint = checkpoint_of(paths, user, task, sid) if status == "SUCCEEDED" and paths is not None else None
     return ActualJob(
-        submission_id=str(sid),
-        key=ObjectKey(str(meta[LABEL_USER]), "task", str(meta[LABEL_TASK])),
+        submission_id=sid,
+        key=ObjectKey(user, "task", task),
         spec_hash=str(meta.get(LABEL_SPEC_HASH, "")),
         status=status,
         message=str(info.get("message") or ""),
@@ -74,6 +119,20 @@ def _to_actual(info: Mapping[str, Any]) -> ActualJob | None:
         end_time=info.get("end_time") or None,
         revision=meta.get(LABEL_REVISION) or None,
     )
+
+
+def checkpoint_of(paths: Paths, user: str, task: str, sid: str) -> str | None:
+    """The newest HF checkpoint in the run folder of ``sid``, when it passes ``user``'s path policy.
+
+    A checkpoint whose real path leaves the user's home (a symlink the job made) is not served.
+    """
+    found = find_hf_checkpoint(run_folder(paths.users, user, task, sid))
+    if found is None:
+        return None
+    try:
+        return resolve_path(found, user, paths, LocalFS())
+    except PathError:
+        return None
 
 
 def job_resources(info: Mapping[str, Any]) -> dict[str, float]:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconciler.builders.serve import LLM_DEPLOYMENT_PREFIX, OWNED_PREFIX, ROUTER_APP, is_owned_app
+from reconciler.builders.serve import LLM_DEPLOYMENT_PREFIX, OWNED_PREFIX, ROUTER_APP, is_owned_app, parse_app_name
 from reconciler.dashboard import Dashboard
 from reconciler.plan.actual import ActualModel
 from reconciler.spec.types import ClusterSpec, ObjectKey
@@ -137,14 +137,13 @@ def _actual_model(name: str, app: Mapping[str, Any], config: Mapping[str, Any]) 
     args = config.get("args") or {}
     meta = args.get("argus") or {}
     llm = args.get("llm_config") or {}
-    user, model_name = meta.get("user"), meta.get("name")
-    if not (user and model_name):
-        # No metadata (hand-made or older app): recover the key from the name; an empty
-        # spec hash makes the planner redeploy it with proper metadata.
-        parts = name[len(OWNED_PREFIX) :].split("--", 1)
-        if len(parts) != 2 or not all(parts):
-            return None
-        user, model_name = parts
+    # The key comes from the application name (injective, and one Serve app per name), never
+    # from the args: a hand-made app whose args claim another object must not stand in for it.
+    # Missing metadata (hand-made or older app) leaves an empty spec hash: the planner redeploys it.
+    parsed = parse_app_name(name)
+    if parsed is None:
+        return None
+    user, model_name = parsed
     served = meta.get("served_name") or (llm.get("model_loading_config") or {}).get("model_id", "")
     deployments: Mapping[str, Any] = app.get("deployments") or {}
     llm_dep = _llm_deployment(deployments)

@@ -14,7 +14,7 @@ JSON form (documented in the README)::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reconciler.errors import PermanentError
@@ -24,6 +24,10 @@ Resources = Mapping[str, float]
 
 FINAL_JOB_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
 ACTIVE_JOB_STATES = frozenset({"PENDING", "RUNNING"})
+# A run the status branch recorded as submitted or running that Ray no longer knows: the
+# head restarted under it. Final like the others: resubmitted only after `run:` is bumped.
+LOST = "LOST"
+LOST_REASON = "the Ray head restarted while it ran"
 
 
 @dataclass(frozen=True)
@@ -84,12 +88,40 @@ class Capacity:
 
 @dataclass
 class ActualState:
+    """What runs, plus what the status branch remembers.
+
+    ``recorded_runs``: runs the status branch recorded (the durable record: Ray forgets every
+    job when its head restarts without GCS fault tolerance). ``foreign_ids``: submission ids
+    held by jobs argus cannot prove it submitted (never adopted, never reused).
+    """
+
     models: dict[ObjectKey, ActualModel] = field(default_factory=dict)
     jobs: list[ActualJob] = field(default_factory=list)
     capacity: Capacity = field(default_factory=Capacity)
+    recorded_runs: list[ActualJob] = field(default_factory=list)
+    foreign_ids: frozenset[str] = frozenset()
 
     def jobs_of(self, key: ObjectKey) -> list[ActualJob]:
         return [j for j in self.jobs if j.key == key]
+
+    def runs(self) -> list[ActualJob]:
+        """Every run of every task: Ray's jobs, then recorded runs Ray no longer knows.
+
+        A forgotten run recorded in a final state keeps it; one recorded as submitted or
+        running is ``LOST`` (it may have run: it is never resubmitted by itself).
+        """
+        if not self.recorded_runs:
+            return list(self.jobs)
+        known = {j.submission_id for j in self.jobs}
+        out = list(self.jobs)
+        for run in self.recorded_runs:
+            if run.submission_id in known or run.submission_id in self.foreign_ids:
+                continue
+            known.add(run.submission_id)
+            if run.status not in FINAL_JOB_STATES and run.status != LOST:
+                run = replace(run, status=LOST, message=LOST_REASON, resources={})
+            out.append(run)
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -124,6 +156,18 @@ class ActualState:
                 for j in sorted(self.jobs, key=lambda j: j.submission_id)
             ],
             "capacity": {"total": dict(self.capacity.total), "available": dict(self.capacity.available)},
+            "recorded_runs": [
+                {
+                    "submission_id": j.submission_id,
+                    "user": j.key.user,
+                    "task": j.key.name,
+                    "spec_hash": j.spec_hash,
+                    "status": j.status,
+                    "hf_checkpoint": j.hf_checkpoint,
+                }
+                for j in sorted(self.recorded_runs, key=lambda j: j.submission_id)
+            ],
+            "foreign_ids": sorted(self.foreign_ids),
         }
 
     @classmethod
@@ -158,6 +202,17 @@ class ActualState:
                 )
                 for j in data.get("jobs", [])
             ]
+            recorded = [
+                ActualJob(
+                    submission_id=j["submission_id"],
+                    key=ObjectKey(j["user"], "task", j["task"]),
+                    spec_hash=j.get("spec_hash", ""),
+                    status=j["status"],
+                    hf_checkpoint=j.get("hf_checkpoint"),
+                )
+                for j in data.get("recorded_runs", [])
+            ]
+            foreign = frozenset(str(s) for s in data.get("foreign_ids", []))
             cap = data.get("capacity", {})
             capacity = Capacity(
                 total={k: float(v) for k, v in cap.get("total", {}).items()},
@@ -166,7 +221,7 @@ class ActualState:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             what = f"missing field {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
             raise PermanentError(f"actual-state JSON is malformed: {what}") from exc
-        return cls(models=models, jobs=jobs, capacity=capacity)
+        return cls(models=models, jobs=jobs, capacity=capacity, recorded_runs=recorded, foreign_ids=foreign)
 
 
 def scale(resources: Resources, n: float) -> dict[str, float]:

@@ -2,8 +2,8 @@
 
 Two separate questions, as in Argo CD: ``state`` is health (what runs: QUEUED, DEPLOYING,
 RUNNING, FAILED, DELETING for models; QUEUED, SUBMITTED, PENDING, RUNNING, SUCCEEDED,
-FAILED, STOPPED for tasks; INVALID/SUSPENDED when nothing runs), ``sync`` is whether what
-runs matches git (Synced, OutOfSync, Invalid, Suspended, Held).
+FAILED, STOPPED, LOST (Ray forgot it while it ran) for tasks; INVALID/SUSPENDED when nothing
+runs), ``sync`` is whether what runs matches git (Synced, OutOfSync, Invalid, Suspended, Held).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def assess(
     for action in plan.actions:  # one pass: plan.for_key() per object is quadratic
         by_key.setdefault(action.key, []).append(action)
     jobs: dict[ObjectKey, list[ActualJob]] = {}
-    for job in actual.jobs:
+    for job in actual.runs():  # Ray's jobs and the recorded runs it forgot (LOST while running)
         jobs.setdefault(job.key, []).append(job)
     for key in sorted(keys):
         actions = by_key.get(key, [])

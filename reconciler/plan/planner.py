@@ -8,7 +8,9 @@ Rules, in the order they apply:
    appear in ``actual``, so only they are ever changed or deleted.
 3. An invalid or suspended object is kept exactly as it runs.
 4. A task run is identified by its spec hash (``run`` included): never resubmitted,
-   whatever its final status; a changed spec stops the old run and submits the new one.
+   whatever its final status, whether Ray or only the status branch remembers it (a run
+   Ray forgot while it ran is LOST, final too); a changed spec stops the old run and
+   submits the new one, under an id no foreign job holds.
 5. New work and scale-ups are admitted first come, first served (by the time the file first
    appeared in git) within free capacity and per-user GPU quotas; the rest is queued.
 6. The mass-deletion guard holds back deletions unless the head commit approves them.
@@ -23,7 +25,7 @@ from reconciler.plan.actions import Action, ActionType, Plan
 from reconciler.plan.actual import ActualJob, ActualState, Capacity, Resources, scale, sub
 from reconciler.plan.demand import model_resources_per_replica, task_resources
 from reconciler.spec.hashing import model_spec_hash, submission_id, task_spec_hash
-from reconciler.spec.types import DesiredState, ObjectKey
+from reconciler.spec.types import DesiredState, ObjectKey, TaskSpec
 
 APPROVE_HINT = (
     "push a commit whose message has the trailer `Argus-Approve-Prune: yes` (or run `argus plan --approve-prune`)"
@@ -127,7 +129,8 @@ def _plan_tasks(
 ) -> None:
     invalid = {k for k in desired.invalid if k.kind == "task"}
     jobs_by_key = _jobs_by_key(actual)  # one pass: actual.jobs_of() per task is quadratic
-    for key in sorted(set(desired.tasks) | invalid | set(jobs_by_key), key=_by_name):
+    ray_keys = {j.key for j in actual.jobs}
+    for key in sorted(set(desired.tasks) | invalid | ray_keys, key=_by_name):
         jobs = jobs_by_key.get(key, [])
         if key in invalid:
             running = any(j.active for j in jobs)
@@ -150,7 +153,7 @@ def _plan_tasks(
         if spec.suspend:
             out.append(Action(ActionType.KEEP, key, "suspended: left exactly as it is"))
             continue
-        digest, sid = task_spec_hash(spec), submission_id(spec)
+        digest, sid = task_spec_hash(spec), _free_submission_id(spec, actual.foreign_ids)
         for job in jobs:
             if job.active and job.spec_hash != digest and job.submission_id != sid:
                 out.append(
@@ -162,9 +165,11 @@ def _plan_tasks(
                     )
                 )
         if any(j.submission_id == sid or j.spec_hash == digest for j in jobs):
-            continue  # this spec already ran or runs: never resubmitted
+            continue  # this spec already ran or runs (in Ray or on the status branch): never resubmitted
         demand = task_resources(spec, desired.cluster)
         reason = f"new run {sid} ({spec.workload}, {spec.gpus} GPU{'s' if spec.gpus != 1 else ''})"
+        if sid != submission_id(spec):
+            reason += f"; {submission_id(spec)} is held by a job argus did not submit"
         action = Action(ActionType.SUBMIT_TASK, key, reason, spec_hash=digest, submission_id=sid, demand=demand)
         cands.append(_Candidate(spec.created_at, action))
 
@@ -174,9 +179,19 @@ def _by_name(key: ObjectKey) -> tuple[str, str, str]:
     return (key.user, key.kind, key.name)
 
 
+def _free_submission_id(spec: TaskSpec, foreign: frozenset[str]) -> str:
+    """The first submission id of ``spec`` no foreign job holds. Deterministic: a restarted
+    daemon that sees the same foreign jobs picks the same id (and the status branch records it)."""
+    attempt = 1
+    while (sid := submission_id(spec, attempt)) in foreign:
+        attempt += 1
+    return sid
+
+
 def _jobs_by_key(actual: ActualState) -> dict[ObjectKey, list[ActualJob]]:
+    """Every run by task: Ray's jobs and the recorded runs Ray forgot (:meth:`ActualState.runs`)."""
     out: dict[ObjectKey, list[ActualJob]] = {}
-    for job in actual.jobs:
+    for job in actual.runs():
         out.setdefault(job.key, []).append(job)
     return out
 

@@ -71,6 +71,32 @@ def _remember(spec: ModelSpec | TaskSpec, memo: object) -> None:
     object.__setattr__(spec, "_argus_hash", memo)
 
 
-def submission_id(task: TaskSpec) -> str:
-    """Ray Job submission id: ``argus-<user>-<task>-<spechash8>``."""
-    return f"argus-{task.key.user}-{task.key.name}-{task_spec_hash(task)[:8]}"
+# Derived names. User and object names never contain "--" nor end with "-" (the loader's
+# USER_RE/NAME_RE), so "--" separates their parts unambiguously and every derived name parses
+# back to exactly one (user, name): two objects can never share a Serve application, a Ray
+# submission id or a run folder (tests/unit/test_names.py proves it over generated names).
+SEPARATOR = "--"
+SUBMISSION_PREFIX = "argus--"
+
+
+def submission_id(task: TaskSpec, attempt: int = 1) -> str:
+    """Ray Job submission id: ``argus--<user>--<task>--<spechash8>``, ``--<attempt>`` from the 2nd.
+
+    The spec hash covers the file's content only, so the key is part of the id: two tasks with
+    identical content have different ids. ``attempt`` > 1 is a fresh id for when a job argus
+    cannot prove it submitted already holds the id (see ``reconciler.builders.jobs``).
+    """
+    base = f"{SUBMISSION_PREFIX}{task.key.user}{SEPARATOR}{task.key.name}{SEPARATOR}{task_spec_hash(task)[:8]}"
+    return base if attempt <= 1 else f"{base}{SEPARATOR}{attempt}"
+
+
+def parse_submission_id(sid: str) -> tuple[str, str, str, int] | None:
+    """Return ``(user, task, spechash8, attempt)`` of an id :func:`submission_id` made, else None."""
+    if not sid.startswith(SUBMISSION_PREFIX):
+        return None
+    parts = sid[len(SUBMISSION_PREFIX) :].split(SEPARATOR)
+    if len(parts) == 3:
+        parts.append("1")
+    if len(parts) != 4 or not all(parts[:3]) or not parts[3].isdigit() or parts[3].startswith("0"):
+        return None
+    return parts[0], parts[1], parts[2], int(parts[3])

@@ -33,8 +33,12 @@ from reconciler.spec.types import (
 )
 from reconciler.spec.yamldoc import MAX_BYTES, Document, YamlError, parse
 
-USER_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+# No "--", no trailing "-", and every "-"-separated part of a user name starts with a letter:
+# this makes every name argus derives injective (reconciler/spec/hashing.py, "Derived names").
+USER_RE = re.compile(r"^(?=.{1,31}$)[a-z][a-z0-9]*(?:-[a-z][a-z0-9]*)*$")
+NAME_RE = re.compile(r"^(?=.{1,63}$)[a-z0-9]+(?:-[a-z0-9]+)*$")
+USER_RULE = "lowercase letters and digits, parts joined by single '-', each part starting with a letter, <= 31"
+NAME_RULE = "lowercase letters and digits, parts joined by single '-', <= 63"
 KIND_OF_FOLDER = {"models": "Model", "tasks": "Task"}
 IGNORED_NAMES = {".gitkeep", ".keep"}
 
@@ -225,9 +229,9 @@ def classify(path: str) -> tuple[ObjectKey | None, str | None]:
         return key, problem
     # fullmatch: `$` would also match before a final newline ("chat\n" is not a name).
     if not USER_RE.fullmatch(key.user):
-        return None, f"user folder {key.user!r} must match {USER_RE.pattern}"
+        return None, f"user folder {key.user!r} must match {USER_RULE}"
     if not NAME_RE.fullmatch(key.name):
-        return None, f"file name {key.name!r}.yaml must match {NAME_RE.pattern} (lowercase, digits, -)"
+        return None, f"file name {key.name!r}.yaml must match {NAME_RULE}"
     return key, None
 
 
@@ -387,7 +391,7 @@ def _model(
     if source.startswith("task:"):
         source_task = source[len("task:") :]
         if not NAME_RE.fullmatch(source_task):
-            return None, [Issue(doc.path, line, f"source: {source!r}: task name must match {NAME_RE.pattern}")]
+            return None, [Issue(doc.path, line, f"source: {source!r}: task name must match {NAME_RULE}")]
         if (key.user, source_task) not in task_names:
             return None, [Issue(doc.path, line, f"source: no task users/{key.user}/tasks/{source_task}.yaml")]
     else:
