@@ -39,6 +39,10 @@ class Daemon:
         self.fetch_interval = fetch_interval
         self.metrics = metrics or Metrics()
         self.reporter = Reporter(reconciler.dash, writer, self.metrics)
+        # The status branch is the durable record of runs: read them from it, and record a
+        # run there before submitting it (reconciler/tick.py, "Exactly once").
+        reconciler.status_docs = writer.documents
+        reconciler.record_runs = writer.record_runs
         self.wake = threading.Event()
         self.stop = threading.Event()
         self.last_tick_ok = 0.0

@@ -53,7 +53,7 @@ class Reporter:
             errors=[str(i) for i in result.desired.issues],
             notes=list(result.notes),
             log_tails=self.log_tails,
-            checkpoints={j.submission_id: j.hf_checkpoint for j in result.actual.jobs},
+            checkpoints={j.submission_id: j.hf_checkpoint for j in result.actual.runs()},
             actual=result.actual.to_json(),
         )
 

@@ -3,31 +3,38 @@
 The tick is a straight line (Flux's kustomize-controller): fetch the source, build the
 desired state, observe Ray, plan (pure), apply (stops, one Serve PUT, submissions), assess
 health and sync. Nothing is stored outside git and Ray: a restarted daemon rebuilds
-everything from the repository, Ray's labels and app names.
+everything from the repository, the status branch's run records, Ray's proven jobs and app names.
+
+Exactly once: before a tick submits, the runs it is about to submit are recorded on the status
+branch (``record_runs``); a run recorded there is never submitted again, even when Ray forgets it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from reconciler import faults
-from reconciler.apply.jobs import stop_job, submit_job
+from reconciler.apply.jobs import Backoff, stop_job, submit_job
+from reconciler.apply.ownership import load_or_create_key
 from reconciler.apply.serve import apply_serve
 from reconciler.builders.jobs import job_submission
 from reconciler.builders.serve import app_name, model_app_config
 from reconciler.dashboard import Dashboard
 from reconciler.errors import ApplyFailed, ArgusError, PermanentError, RayUnavailable
 from reconciler.observe.capacity import observe_capacity
-from reconciler.observe.jobs import observe_jobs
+from reconciler.observe.jobs import ForeignJob, observe_job_records
+from reconciler.observe.runs import recorded_runs
 from reconciler.observe.serve import ServeObservation, observe_serve
 from reconciler.plan.actions import ActionType, Plan
-from reconciler.plan.actual import ActualState
+from reconciler.plan.actual import ActualJob, ActualState
 from reconciler.plan.assess import ObjectStatus, assess
 from reconciler.plan.planner import plan as make_plan
 from reconciler.source.localfs import LocalFS
@@ -36,12 +43,22 @@ from reconciler.source.signatures import SignatureVerifier, SigningPolicy
 from reconciler.spec.hashing import task_spec_hash
 from reconciler.spec.loader import ModelCheck, ParseCache, TaskCheck, load
 from reconciler.spec.paths import FileSystem
-from reconciler.spec.types import DesiredState, ObjectKey, TaskSpec
+from reconciler.spec.types import DesiredState, ObjectKey, Paths, TaskSpec
+from reconciler.status.branch import read_documents
 
 log = logging.getLogger("argus")
 
 # Secrets reach jobs from the daemon's environment, never from git.
 SECRET_ENV_NAMES = ("WANDB_API_KEY", "HF_TOKEN")
+STATUS_BRANCH = "argus/status"
+# (key, submission id, spec hash) of each run about to be submitted; returns whether they are
+# recorded durably (False: submit nothing this tick).
+RecordRuns = Callable[[list[tuple[ObjectKey, str, str]]], bool]
+
+
+def default_state_dir() -> str:
+    """The daemon's state folder (as ``argus --cache-dir``): where the ownership key lives."""
+    return os.environ.get("ARGUS_CACHE_DIR") or os.path.expanduser("~/.cache/argus")
 
 
 def default_task_check() -> TaskCheck | None:
@@ -102,7 +119,14 @@ class Reconciler:
         model_check: ModelCheck | None = None,
         signing: SigningPolicy | None = None,
         state_dir: str | None = None,
+        ownership_key: bytes | None = None,
+        status_docs: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None,
+        record_runs: RecordRuns | None = None,
     ) -> None:
+        """``ownership_key`` signs and proves argus's jobs (default: ``load_or_create_key`` in
+        :func:`default_state_dir`); ``status_docs`` returns the status branch's documents (the run
+        records; default: read the branch); ``record_runs`` records runs before they are submitted
+        (the daemon's status writer; None: not recorded ahead, as in a one-off ``argus reconcile``)."""
         self.source = source
         self.branch = branch
         self.dash = dash
@@ -126,6 +150,14 @@ class Reconciler:
         self._put_memo: dict[str, Any] = {}
         self._subject = ""
         self._refused: dict[tuple[ObjectKey, str | None], str] = {}
+        self.ownership_key = ownership_key if ownership_key is not None else load_or_create_key(default_state_dir())
+        self.status_docs = status_docs or (lambda: read_documents(source.repo.path, STATUS_BRANCH, remote_too=True))
+        self.record_runs = record_runs
+        self.backoff = Backoff()
+        self._retrying: dict[tuple[ObjectKey, str | None], str] = {}
+        self._checkpoints: dict[str, str | None] = {}
+        self._foreign_seen: set[str] = set()
+        self.foreign: list[ForeignJob] = []
 
     # -- load ---------------------------------------------------------------------------
     def load(self, commit: str | None = None, *, fetch: bool = True) -> tuple[DesiredState, str, int]:
@@ -160,12 +192,30 @@ class Reconciler:
         return desired, commit, snap.commit_time
 
     # -- observe ------------------------------------------------------------------------
-    def observe(self) -> tuple[ActualState, ServeObservation]:
-        """Observe Serve, Jobs and capacity. Raises RayUnavailable (apply nothing then)."""
+    def observe(self, paths: Paths | None = None) -> tuple[ActualState, ServeObservation]:
+        """Observe Serve, Jobs (argus's proven ones), capacity, and the runs the status branch
+        recorded. ``paths``: the cluster's paths, to find checkpoints (None: not looked up).
+        Raises RayUnavailable (apply nothing then)."""
         serve = observe_serve(self.dash)
-        jobs = observe_jobs(self.dash)
+        jobs = observe_job_records(self.dash, self.ownership_key, paths)
         capacity = observe_capacity(self.dash)
-        return ActualState(models=dict(serve.models), jobs=jobs, capacity=capacity), serve
+        self.foreign = jobs.foreign
+        for job in jobs.foreign:
+            if job.submission_id not in self._foreign_seen:  # reported once; the status note stays
+                self._foreign_seen.add(job.submission_id)
+                log.warning(
+                    json.dumps({"event": "foreign_job", "submission_id": job.submission_id, "claims": job.claims})
+                )
+        known = {j.submission_id for j in jobs.owned}
+        records = recorded_runs(self.status_docs(), paths, skip=known, memo=self._checkpoints)
+        actual = ActualState(
+            models=dict(serve.models),
+            jobs=jobs.owned,
+            capacity=capacity,
+            recorded_runs=records,
+            foreign_ids=frozenset(j.submission_id for j in jobs.foreign),
+        )
+        return actual, serve
 
     # -- tick ---------------------------------------------------------------------------
     def tick(self, desired: DesiredState | None = None, revision: str | None = None) -> TickResult:
@@ -173,7 +223,7 @@ class Reconciler:
         commit_time = 0
         if desired is None:
             desired, revision, commit_time = self.load()
-        actual, serve = self.observe()
+        actual, serve = self.observe(desired.cluster.paths)
         plan = make_plan(desired, actual)
         result = TickResult(
             revision=revision or "",
@@ -189,6 +239,11 @@ class Reconciler:
         result.notes.extend(f"unverified change kept out: {r}" for r in self.rejections)
         result.notes.extend(serve.settings_mismatch(desired.cluster))
         result.notes.extend(plan.notes)
+        result.notes.extend(
+            f"foreign job {j.submission_id} ({'claims ' + j.claims if j.claims else 'argus-like id'}) has no valid "
+            "ownership proof: ignored, never counted as a run"
+            for j in self.foreign
+        )
         self._apply(result)
         result.statuses = assess(desired, actual, plan, result.applied)
         for key, why in result.failures.items():
@@ -203,24 +258,60 @@ class Reconciler:
             sid = action.submission_id or ""
             self._record(result, [action.key], self._try(partial(stop_job, self.dash, sid)))
         self._apply_serve(result)
+        now = time.monotonic()
+        submits = []
         for action in plan.of(ActionType.SUBMIT_TASK):
-            task = desired.tasks[action.key]
-            refused = self._refused.get((action.key, action.spec_hash))
+            attempt = (action.key, action.spec_hash)
+            refused = self._refused.get(attempt)
             if refused is not None:  # permanent: not retried until the spec changes (kopf's rule)
                 result.failures[action.key] = refused
-                continue
-            self._record(result, [action.key], self._try(partial(self._submit, task, desired, result.revision)))
+            elif not self.backoff.due(attempt, now):
+                wait = self.backoff.retry_in(attempt, now) or 0.0
+                result.failures[action.key] = f"{self._retrying.get(attempt, '')} (temporary: retried in {wait:.0f}s)"
+            else:
+                submits.append(action)
+        if submits and self.record_runs is not None:
+            runs = [(a.key, a.submission_id or "", a.spec_hash or "") for a in submits]
+            if not self.record_runs(runs):
+                for action in submits:
+                    result.failures[action.key] = "could not record the run on the status branch first (retried)"
+                return
+        for action in submits:
+            task = desired.tasks[action.key]
+            sid = action.submission_id or ""
+            error = self._try(partial(self._submit, task, desired, result.revision, sid))
+            self._record(result, [action.key], error)
+            if error is None:
+                # Ray holds it now: this tick's status write keeps it among the task's runs.
+                result.actual.jobs.append(
+                    ActualJob(sid, action.key, action.spec_hash or "", "PENDING", revision=result.revision or None)
+                )
             faults.point("after_submit")
 
-    def _submit(self, task: TaskSpec, desired: DesiredState, revision: str) -> None:
-        """Build and submit one run. Raises PermanentError (cannot be built) or ApplyFailed."""
+    def _submit(self, task: TaskSpec, desired: DesiredState, revision: str, sid: str) -> None:
+        """Build and submit one run under ``sid``. Raises PermanentError (cannot be built) or
+        ApplyFailed; a temporary failure is retried with back-off, and the status says why."""
+        attempt = (task.key, task_spec_hash(task))
         try:
-            body = job_submission(task, desired.cluster, revision=revision, secrets_env=self.secrets_env)
+            body = job_submission(
+                task,
+                desired.cluster,
+                revision=revision,
+                secrets_env=self.secrets_env,
+                sid=sid,
+                ownership_key=self.ownership_key,
+            )
             submit_job(self.dash, body)
         except (PermanentError, ApplyFailed) as exc:
             if isinstance(exc, PermanentError) or exc.permanent:
-                self._refused[(task.key, task_spec_hash(task))] = f"{exc} (not retried until the file changes)"
+                self._refused[attempt] = f"{exc} (not retried until the file changes)"
+            else:
+                delay = self.backoff.failed(attempt, time.monotonic())
+                self._retrying[attempt] = str(exc)
+                raise ApplyFailed(f"{exc} (temporary: retried in {delay:.0f}s)", permanent=False) from exc
             raise
+        self.backoff.succeeded(attempt)
+        self._retrying.pop(attempt, None)
 
     def _apply_serve(self, result: TickResult) -> None:
         """Send the whole owned app set in one PUT, only when it differs from what runs."""

@@ -5,7 +5,7 @@ JSON form (documented in the README)::
     {"models": [{"user": "alice", "name": "chat", "served_name": "alice-202611291200-chat",
                  "spec_hash": "...", "replicas": 1, "ready_replicas": 1, "status": "RUNNING",
                  "message": "", "resources_per_replica": {"GPU": 1}}],
-     "jobs": [{"submission_id": "argus-alice-grpo-1a2b3c4d", "user": "alice", "task": "grpo",
+     "jobs": [{"submission_id": "argus--alice--grpo--1a2b3c4d", "user": "alice", "task": "grpo",
                "spec_hash": "...", "status": "RUNNING", "message": "", "resources": {"GPU": 2},
                "hf_checkpoint": null, "start_time": 0, "end_time": null}],
      "capacity": {"total": {"GPU": 8, "CPU": 64}, "available": {"GPU": 4, "CPU": 40}}}

@@ -66,8 +66,15 @@ def object_document(
     doc["revision"] = revisions
     doc["last_transition"] = last_transition
     if st.key.kind == "task":
+        # The runs are the durable record of what ran (reconciler/observe/runs.py): a run Ray
+        # forgot keeps what was recorded about it (times, log tail) from the previous document.
+        before = {r.get("submission_id"): r for r in prev.get("runs") or [] if isinstance(r, dict)}
         doc["runs"] = [
-            _run(j.submission_id, j.status, j.message, j.start_time, j.end_time, log_tails, checkpoints)
+            _keep(
+                _run(j.submission_id, j.status, j.message, j.start_time, j.end_time, log_tails, checkpoints)
+                | {"spec_hash": j.spec_hash},
+                before.get(j.submission_id),
+            )
             for j in st.runs
         ]
     doc["events"] = events[-MAX_EVENTS:]
@@ -92,6 +99,21 @@ def _run(
     if status in FINAL_JOB_STATES and log_tails.get(sid):
         run["log_tail"] = log_tails[sid]
     return run
+
+
+def _keep(run: dict[str, Any], recorded: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``run`` with what ``recorded`` (the same run's previous entry) knew and ``run`` does not."""
+    if not recorded:
+        return run
+    for field in ("start_time", "end_time", "message", "checkpoint", "log_tail"):
+        if run.get(field) in (None, "") and recorded.get(field) not in (None, ""):
+            run[field] = recorded[field]
+    ordered = {k: run[k] for k in _RUN_ORDER if k in run}  # recorded fields in their usual place
+    ordered.update(run)
+    return ordered
+
+
+_RUN_ORDER = ["submission_id", "status", "start_time", "end_time", "message", "checkpoint", "log_tail", "spec_hash"]
 
 
 def _ms(value: int | None) -> str | None:

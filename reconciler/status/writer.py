@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from reconciler.errors import SourceUnavailable
 from reconciler.plan.actions import ActionType, Plan
 from reconciler.plan.assess import ObjectStatus
 from reconciler.source.remote import RepoSource
@@ -73,13 +74,58 @@ class StatusWriter:
         log.warning("status push kept failing; will retry next tick")
         return None
 
-    def _commit(self, report: StatusReport) -> str | None:
+    def documents(self) -> dict[str, dict[str, Any]]:
+        """The status documents the branch holds now (re-read only when its tip moved).
+
+        The run records in them are what the planner treats as runs (never resubmitted)."""
+        self._refresh()
+        return self._docs
+
+    def record_runs(self, runs: list[tuple[Any, str, str]]) -> bool:
+        """Record ``(task key, submission id, spec hash)`` runs as SUBMITTED on the branch, and
+        push, before they are submitted: a run is on record before it can exist in Ray, so a
+        kill at any later point (and a Ray head restart) can never make it run twice.
+
+        Returns False when the record could not be made durable (then nothing is submitted)."""
+        for _attempt in range(4):
+            parent = self._refresh()
+            docs = dict(self._docs)
+            for key, sid, spec_hash in runs:
+                doc = dict(docs.get(key.path) or {"object": str(key), "kind": "Task", "state": "SUBMITTED"})
+                old = doc.get("runs")
+                recorded = [r for r in (old if isinstance(old, list) else []) if isinstance(r, dict)]
+                recorded = [r for r in recorded if r.get("submission_id") != sid]
+                doc["runs"] = [*recorded, {"submission_id": sid, "spec_hash": spec_hash, "status": "SUBMITTED"}]
+                docs[key.path] = doc
+            changed = {key.path: dump(docs[key.path]) for key, _sid, _hash in runs}
+            blobs = {**self._blobs, **hash_blobs(self.source.repo.path, changed)}
+            message = "argus: submitting " + ", ".join(sid for _key, sid, _hash in runs) + "\n"
+            try:
+                commit = commit_tree(self.source.repo.path, self.branch, blobs, message, parent)
+            except SourceUnavailable:
+                continue  # the ref moved under us (compare-and-swap): re-read and retry
+            if commit is None or self.source.push([f"refs/heads/{self.branch}"]):
+                if commit is not None:
+                    self._tip, self._docs, self._blobs = commit, docs, blobs
+                    self.commits += 1
+                return True
+            self.source.fetch()
+        log.warning("could not record runs on the status branch; not submitting them this tick")
+        return False
+
+    def _refresh(self) -> str | None:
+        """Re-read the branch when its tip is not the one this writer knows. Returns the tip."""
         repo = self.source.repo.path
         parent = tip(repo, self.branch)
-        if parent != self._tip:  # first write, or someone else moved the branch: re-read it
+        if parent != self._tip:  # first use, or someone else moved the branch: re-read it
             self._docs = read_documents(repo, self.branch) if parent else {}
             self._blobs = tree_blobs(repo, parent) if parent else {}
             self._tip = parent
+        return parent
+
+    def _commit(self, report: StatusReport) -> str | None:
+        repo = self.source.repo.path
+        parent = self._refresh()
         previous = self._docs
         docs: dict[str, dict[str, Any]] = {}
         transitions: list[str] = []

@@ -79,6 +79,8 @@ class RayHead:
     log_path: str
     env: Mapping[str, str] = field(default_factory=dict)
     auth_token: str | None = None
+    worker_ports: tuple[int, int] = (0, 0)
+    options: Mapping[str, object] = field(default_factory=dict)  # start_head's arguments, for restart()
 
     @property
     def dashboard_url(self) -> str:
@@ -118,6 +120,23 @@ class RayHead:
         deadline = time.monotonic() + 10
         while any(_alive(pid) for pid in frozen) and time.monotonic() < deadline:
             time.sleep(0.1)
+
+
+def restart_head(head: RayHead, timeout_s: float = 120.0) -> RayHead:
+    """Stop ``head`` (every process of it) and start a new, empty head on the same ports.
+
+    What a head restart without GCS fault tolerance looks like to clients: same addresses,
+    no jobs, no Serve applications. Returns the new :class:`RayHead`.
+    """
+    head.stop()
+    return start_head(
+        **head.options,  # type: ignore[arg-type]
+        temp_dir=head.temp_dir,
+        ports=head.ports,
+        serve_port=head.serve_port,
+        worker_ports=head.worker_ports,
+        timeout_s=timeout_s,
+    )
 
 
 def _descendants(root: int) -> set[int]:
@@ -173,20 +192,25 @@ def start_head(
     temp_dir: str | None = None,
     timeout_s: float = 120.0,
     auth_token: str | None = None,
+    ports: Mapping[str, int] | None = None,
+    serve_port: int | None = None,
+    worker_ports: tuple[int, int] | None = None,
 ) -> RayHead:
     """Start ``ray start --head --block`` in a new session and wait for its dashboard.
 
     ``env`` is added to the head's environment (workers and Serve replicas inherit it).
     ``auth_token`` turns on Ray's token authentication (``RAY_AUTH_MODE=token``) with that token; without it
     the head runs with authentication explicitly disabled, whatever token files this machine holds.
+    ``ports``/``serve_port``/``worker_ports`` pin the ports (default: free ones), as
+    :func:`restart_head` does.
     Returns the :class:`RayHead`; raises RuntimeError (after killing it) when the
     dashboard does not answer within ``timeout_s`` or the process exits early.
     """
     # A short temp dir: Ray's Unix socket paths must stay under ~107 bytes.
     temp_dir = temp_dir or tempfile.mkdtemp(prefix="argr", dir="/tmp")
-    ports = {name: free_port() for name in _PORT_OPTIONS}
-    serve_port = free_port()
-    first, last = free_port_range(200, exclude={*ports.values(), serve_port})
+    ports = dict(ports) if ports else {name: free_port() for name in _PORT_OPTIONS}
+    serve_port = serve_port or free_port()
+    first, last = worker_ports or free_port_range(200, exclude={*ports.values(), serve_port})
     ray_bin = Path(sys.executable).with_name("ray")
     cmd = [
         str(ray_bin) if ray_bin.exists() else "ray",
@@ -211,7 +235,8 @@ def start_head(
     log_path = os.path.join(temp_dir, "ray-start.log")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    head = RayHead(proc, temp_dir, ports, serve_port, log_path, dict(env or {}), auth_token)
+    options = {"num_cpus": num_cpus, "num_gpus": num_gpus, "resources": resources, "env": env, "auth_token": auth_token}
+    head = RayHead(proc, temp_dir, ports, serve_port, log_path, dict(env or {}), auth_token, (first, last), options)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:

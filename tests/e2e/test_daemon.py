@@ -227,12 +227,12 @@ def test_kill9_after_submit_never_duplicates_the_job(env: Env) -> None:
     repo.write(TASK, _task_yaml(2))
     repo.commit_push("carol: a task")
     assert daemon.wait_killed(timeout=60) == -signal.SIGKILL
-    assert len(owned_jobs(dash, "argus-carol-sleepy-")) == 1
+    assert len(owned_jobs(dash, "argus--carol--sleepy--")) == 1
     daemon.start()
     wait_for(lambda: status(repo, TASK).get("state") in ("RUNNING", "SUCCEEDED", "PENDING"), "task status", timeout=60)
     wait_for(lambda: status(repo, TASK).get("state") == "SUCCEEDED", "task SUCCEEDED", timeout=120)
     time.sleep(3)
-    assert len(owned_jobs(dash, "argus-carol-sleepy-")) == 1
+    assert len(owned_jobs(dash, "argus--carol--sleepy--")) == 1
 
 
 def test_kill9_during_serve_put_loses_and_restarts_nothing(env: Env) -> None:
@@ -255,7 +255,7 @@ def test_kill9_during_serve_put_loses_and_restarts_nothing(env: Env) -> None:
 def test_kill9_during_status_commit_converges(env: Env) -> None:
     repo, daemon, dash = env.repo, env.daemon, env.dash
     ids = replica_ids(dash)
-    jobs = len(owned_jobs(dash, "argus-carol-"))
+    jobs = len(owned_jobs(dash, "argus--carol--"))
     daemon.stop()
     daemon.start(fault="status_commit")
     repo.write(TASK, _task_yaml(1, run=2))
@@ -267,7 +267,7 @@ def test_kill9_during_status_commit_converges(env: Env) -> None:
         "status of the new commit",
         timeout=30,
     )
-    assert len(owned_jobs(dash, "argus-carol-")) == jobs + 1
+    assert len(owned_jobs(dash, "argus--carol--")) == jobs + 1
     assert replica_ids(dash) == ids
 
 
@@ -366,7 +366,7 @@ def test_signed_commits_required(env: Env, tmp_path: Path) -> None:
         assert f"commit {sha[:12]}: {unsigned}: not signed by a key in the allowed signers file" in note
         assert f"commit {sha[:12]}: cluster.yaml: not signed" in note
         time.sleep(3)
-        assert not owned_jobs(dash, "argus-carol-unsigned-")
+        assert not owned_jobs(dash, "argus--carol--unsigned--")
 
         other = "users/carol/tasks/other.yaml"
         repo.write(other, _task_yaml(1))
@@ -377,8 +377,8 @@ def test_signed_commits_required(env: Env, tmp_path: Path) -> None:
         repo.write("users/carol/tasks/unsigned.yaml", _task_yaml(1, run=2))
         repo.write(other, _task_yaml(1, run=2))
         good = _signed_commit(repo, tmp_path / "carol", "carol: signed")
-        wait_for(lambda: owned_jobs(dash, "argus-carol-unsigned-"), "carol's signed task submitted", timeout=60)
-        wait_for(lambda: owned_jobs(dash, "argus-carol-other-"), "carol's other signed task submitted", timeout=60)
+        wait_for(lambda: owned_jobs(dash, "argus--carol--unsigned--"), "carol's signed task submitted", timeout=60)
+        wait_for(lambda: owned_jobs(dash, "argus--carol--other--"), "carol's other signed task submitted", timeout=60)
 
         # A force-push of an unsigned orphan commit that empties everyone's files: refused as a
         # history rewrite, the verified tree stays in force (nothing is stopped or deleted).
@@ -395,7 +395,7 @@ def test_signed_commits_required(env: Env, tmp_path: Path) -> None:
         assert "history rewritten: not applied" in note, note
         time.sleep(3)
         assert not owned_jobs(dash, "argus-mallory-")
-        assert owned_jobs(dash, "argus-carol-unsigned-") and owned_jobs(dash, "argus-carol-other-")
+        assert owned_jobs(dash, "argus--carol--unsigned--") and owned_jobs(dash, "argus--carol--other--")
         # ... also after a daemon restart (the last applied head is kept outside the repository).
         env.daemon.stop()
         env.daemon.start(

@@ -29,6 +29,7 @@ from tests.support import task_spec
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
+KEY = b"test-ownership-key-0123456789abcdef"  # this module's daemon key
 PY = shlex.quote(sys.executable)
 
 
@@ -54,15 +55,17 @@ def command_task(name: str, command: str, *, gpus: int = 0, working_dir: str | N
     )
 
 
-def job(dash: Dashboard, sid: str) -> ActualJob | None:
-    return next((j for j in observe_jobs(dash) if j.submission_id == sid), None)
+def job(dash: Dashboard, sid: str, paths: Paths | None = None) -> ActualJob | None:
+    return next((j for j in observe_jobs(dash, KEY, paths) if j.submission_id == sid), None)
 
 
-def wait_status(dash: Dashboard, sid: str, states: set[str], timeout: float = 120.0) -> ActualJob:
+def wait_status(
+    dash: Dashboard, sid: str, states: set[str], timeout: float = 120.0, paths: Paths | None = None
+) -> ActualJob:
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
-        last = job(dash, sid)
+        last = job(dash, sid, paths)
         if last is not None and last.status in states:
             return last
         time.sleep(0.5)
@@ -70,7 +73,9 @@ def wait_status(dash: Dashboard, sid: str, states: set[str], timeout: float = 12
 
 
 def submit(dash: Dashboard, task: TaskSpec, cluster: ClusterSpec) -> str:
-    return submit_job(dash, job_submission(task, cluster, revision="rev1", secrets_env={"SECRET_X": "s"}))
+    return submit_job(
+        dash, job_submission(task, cluster, revision="rev1", secrets_env={"SECRET_X": "s"}, ownership_key=KEY)
+    )
 
 
 def test_command_succeeds_and_is_observed(dash: Dashboard, cluster: ClusterSpec) -> None:
@@ -91,7 +96,7 @@ def test_command_succeeds_and_is_observed(dash: Dashboard, cluster: ClusterSpec)
 
 def test_duplicate_submit_is_one_job(dash: Dashboard, cluster: ClusterSpec) -> None:
     task = command_task("dup", f"{PY} -c 'print(1)'")
-    body = job_submission(task, cluster, revision=None, secrets_env={})
+    body = job_submission(task, cluster, revision=None, secrets_env={}, ownership_key=KEY)
     assert submit_job(dash, body) == body["submission_id"]
     assert submit_job(dash, body) == body["submission_id"]  # Ray: HTTP 500 "already exists" -> fine
     assert submit_job(dash, body) == body["submission_id"]
@@ -141,11 +146,11 @@ def test_gpu_admission_by_ray(dash: Dashboard, cluster: ClusterSpec) -> None:
 
 def test_non_argus_jobs_are_ignored(dash: Dashboard) -> None:
     dash.post("/api/jobs/", {"entrypoint": "true", "submission_id": "not-argus-1", "metadata": {"owner": "bob"}})
-    assert all(j.submission_id != "not-argus-1" for j in observe_jobs(dash))
+    assert all(j.submission_id != "not-argus-1" for j in observe_jobs(dash, KEY))
 
 
 def test_invalid_request_is_permanent(dash: Dashboard, cluster: ClusterSpec) -> None:
-    body = job_submission(command_task("badreq", "true"), cluster, revision=None, secrets_env={})
+    body = job_submission(command_task("badreq", "true"), cluster, revision=None, secrets_env={}, ownership_key=KEY)
     body["entrypoint_num_gpus"] = "two"
     with pytest.raises(ApplyFailed) as err:
         submit_job(dash, body)
@@ -154,7 +159,7 @@ def test_invalid_request_is_permanent(dash: Dashboard, cluster: ClusterSpec) -> 
 
 def test_bad_runtime_env_fails_the_job_not_the_submit(dash: Dashboard, cluster: ClusterSpec) -> None:
     """Ray 2.60 accepts the submission and fails the job: the error surfaces as FAILED + message."""
-    body = job_submission(command_task("badenv", "true"), cluster, revision=None, secrets_env={})
+    body = job_submission(command_task("badenv", "true"), cluster, revision=None, secrets_env={}, ownership_key=KEY)
     body["runtime_env"]["pip"] = 5  # not a list or a requirements file
     sid = submit_job(dash, body)
     done = wait_status(dash, sid, {"FAILED", "SUCCEEDED"}, timeout=60)
@@ -182,7 +187,7 @@ def test_cpu_finetune_writes_servable_checkpoint(dash: Dashboard, cluster: Clust
         working_dir=str(REPO),  # local:// working dir: used in place, makes the package importable
     )
     sid = submit(dash, task, cluster)
-    done = wait_status(dash, sid, {"SUCCEEDED", "FAILED"}, timeout=240)
+    done = wait_status(dash, sid, {"SUCCEEDED", "FAILED"}, timeout=240, paths=cluster.paths)
     assert done.status == "SUCCEEDED", "\n".join(job_log_tail(dash, sid))
     expected = Path(run_dir(task, cluster)) / "checkpoints" / "final"
     assert done.hf_checkpoint == str(expected)
@@ -208,3 +213,58 @@ def test_find_hf_checkpoint_prefers_highest_step(tmp_path: Path) -> None:
     (run / "checkpoints" / "global_step_11" / "actor" / "huggingface" / "config.json").write_text("{}")
     assert find_hf_checkpoint(str(run)) == str(run / "checkpoints" / "global_step_10" / "actor" / "huggingface")
     assert find_hf_checkpoint(str(tmp_path / "missing")) is None
+
+
+def test_forged_job_is_foreign_and_feeds_no_model(dash: Dashboard, cluster: ClusterSpec, tmp_path: Path) -> None:
+    """Issue 10 §3 on a real head: a job submitted straight to the Jobs API, labelled as alice's task
+    (``managed-by: argus``, her user and task, the spec hash, her next submission id) with its run
+    folder in bob's home holding a servable checkpoint. It is foreign: not a run of alice's task
+    (which runs under a fresh id) and never the source of alice's ``task:`` model."""
+    from reconciler.plan.actions import ActionType
+    from reconciler.source.localfs import LocalFS
+    from reconciler.source.remote import open_source
+    from reconciler.tick import Reconciler
+    from tests.support import ConfigRepo, cluster_yaml
+
+    users = Path(cluster.paths.users)
+    stolen = users / "bob" / "jobs" / "x" / "checkpoints" / "final"
+    stolen.mkdir(parents=True)
+    (stolen / "config.json").write_text("{}")
+    (stolen / "model.safetensors").write_bytes(b"x")
+    repo = ConfigRepo(tmp_path)
+    repo.write("cluster.yaml", cluster_yaml(Path(cluster.paths.common), users, 8000))
+    repo.write("users/alice/tasks/forged.yaml", {"kind": "Task", "workload": "command", "command": "true"})
+    repo.write("users/alice/models/chat.yaml", {"kind": "Model", "source": "task:forged"})
+    repo.commit_push("alice: a task and its model")
+    reconciler = Reconciler(open_source(str(repo.bare), str(tmp_path / "cache")), "main", dash, ownership_key=KEY)
+    reconciler.fs = LocalFS()
+    desired, _rev, _t = reconciler.load()
+    task = desired.tasks[ObjectKey("alice", "task", "forged")]
+    sid = submission_id(task)
+    forged_meta = {
+        "managed-by": "argus",
+        "argus-user": "alice",
+        "argus-task": "forged",
+        "argus-spec-hash": task_spec_hash(task),
+        "argus-run-dir": str(stolen.parent.parent),
+        "argus-proof": "0" * 64,
+    }
+    dash.post("/api/jobs/", {"entrypoint": "true", "submission_id": sid, "metadata": forged_meta})
+    wait_for_raw = time.monotonic() + 60
+    while next(j for j in dash.get("/api/jobs/") if j["submission_id"] == sid)["status"] != "SUCCEEDED":
+        assert time.monotonic() < wait_for_raw, "forged job did not finish"
+        time.sleep(0.5)
+
+    result = reconciler.tick()
+    assert all(j.submission_id != sid for j in result.actual.jobs)  # never adopted
+    assert sid in result.actual.foreign_ids
+    assert any(sid in note and "ownership proof" in note for note in result.notes)  # reported
+    submit = next(a for a in result.plan.actions if a.type is ActionType.SUBMIT_TASK)
+    assert submit.submission_id == submission_id(task, 2)  # not considered run; a fresh id
+    model_actions = result.plan.for_key(ObjectKey("alice", "model", "chat"))
+    assert [a.type for a in model_actions] == [ActionType.QUEUE]  # waits for alice's own run
+    fresh = wait_status(dash, submission_id(task, 2), {"SUCCEEDED", "FAILED"}, paths=cluster.paths)
+    assert fresh.status == "SUCCEEDED" and fresh.hf_checkpoint is None
+    again = reconciler.tick()
+    assert not any(a.type is ActionType.DEPLOY_MODEL for a in again.plan.actions)  # bob's folder is never served
+    assert not any(a.type is ActionType.SUBMIT_TASK for a in again.plan.actions)  # alice's run counts, once

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from reconciler.builders.jobs import job_submission, run_dir, verl_argv
+from reconciler.builders.jobs import job_submission, ownership_proof, proof_valid, run_dir, verl_argv
 from reconciler.checks.verl_overrides import check_overrides, verl_available
 from reconciler.errors import PermanentError
 from reconciler.spec.hashing import submission_id, task_spec_hash
@@ -132,11 +132,12 @@ def test_sft_argv_exact() -> None:
 
 def test_verl_submission_body() -> None:
     task = make_task("grpo", "grpo", env={"FOO": "task", "HF_HUB_OFFLINE": "0"})
-    body = job_submission(task, CLUSTER, revision="deadbeef", secrets_env={"WANDB_API_KEY": "k"})
+    key = b"k" * 32
+    body = job_submission(task, CLUSTER, revision="deadbeef", secrets_env={"WANDB_API_KEY": "k"}, ownership_key=key)
     sid = submission_id(task)
     folder = f"/shared/users/alice/jobs/grpo/{sid}"
     assert body["submission_id"] == sid
-    assert sid.startswith("argus-alice-grpo-") and len(sid.rsplit("-", 1)[1]) == 8
+    assert sid.startswith("argus--alice--grpo--") and len(sid.rsplit("--", 1)[1]) == 8
     assert shlex.split(body["entrypoint"]) == verl_argv(task, CLUSTER, run_dir=folder, wandb=True)
     assert "trainer.logger=[console,wandb]" in shlex.split(body["entrypoint"])
     assert body["entrypoint_resources"] == {"worker_node": 1.0}
@@ -159,8 +160,10 @@ def test_verl_submission_body() -> None:
         "argus-run-dir": folder,
         "argus-resources": '{"GPU":2.0,"worker_node":1.0}',
         "argus-workload": "grpo",
+        "argus-proof": ownership_proof(key, sid=sid, user="alice", task="grpo", spec_hash=task_spec_hash(task)),
     }
     assert all(isinstance(v, str) for v in body["metadata"].values())
+    assert proof_valid(key, sid, body["metadata"])
 
 
 def test_command_submission_body() -> None:

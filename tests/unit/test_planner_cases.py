@@ -6,7 +6,8 @@ Each case folder holds:
 - ``actual.json``: the actual state in the documented JSON form (``reconciler/plan/actual.py``). A
   ``spec_hash`` or ``submission_id`` written ``"@desired"`` stands for the value the current desired
   file yields (what the cluster holds when it matches the repository), so cases do not break when
-  the hash recipe changes;
+  the hash recipe changes; also in ``recorded_runs`` (runs the status branch recorded), and
+  ``"@desired:<user>/<task>"`` in ``foreign_ids`` is that task's first-choice submission id;
 - ``expected.json``: ``{"actions": [[action, object, reason substring, {optional exact fields}], ...],
   "deletions_held": bool, "notes": [substring, ...]}``: the actions in the planner's order, exactly;
   every note listed must appear (and no note at all when the list is empty);
@@ -61,7 +62,11 @@ def load_case(case: Path) -> tuple[DesiredState, ActualState, dict[str, Any]]:
 def resolve_placeholders(raw: dict[str, Any], desired: DesiredState) -> dict[str, Any]:
     """Replace ``"@desired"`` hashes and submission ids by the desired files' own values."""
     out = json.loads(json.dumps(raw))
-    for job in out.get("jobs", []):
+    for i, sid in enumerate(out.get("foreign_ids", [])):
+        if sid.startswith(DESIRED + ":"):  # "@desired:<user>/<task>": that task's first-choice id
+            user, name = sid.split(":", 1)[1].split("/")
+            out["foreign_ids"][i] = submission_id(desired.tasks[ObjectKey(user, "task", name)])
+    for job in [*out.get("jobs", []), *out.get("recorded_runs", [])]:
         task = desired.tasks.get(ObjectKey(job["user"], "task", job["task"]))
         for field, value in (("spec_hash", task_spec_hash), ("submission_id", submission_id)):
             if job.get(field) == DESIRED:

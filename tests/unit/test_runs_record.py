@@ -1,0 +1,281 @@
+"""Runs argus submitted: ownership proofs, run records, LOST, error classes, back-off, the key file.
+
+Pure logic with plain data; the Jobs API answers below are Ray 2.60's own texts
+(``ray/dashboard/modules/job/job_head.py``). Real-Ray and real-git versions of these live in
+tests/e2e/test_jobs_layer.py and tests/e2e/test_head_restart.py.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reconciler.apply.jobs import Backoff, is_permanent
+from reconciler.apply.ownership import ENV_KEY, KEY_FILE, load_or_create_key
+from reconciler.builders.jobs import LABEL_PROOF, job_submission, proof_valid
+from reconciler.errors import PermanentError
+from reconciler.observe.jobs import observe_job_records
+from reconciler.observe.runs import recorded_runs
+from reconciler.plan.actions import ActionType
+from reconciler.plan.actual import LOST, LOST_REASON, ActualJob, ActualState, Capacity
+from reconciler.plan.assess import assess
+from reconciler.plan.planner import plan
+from reconciler.source.remote import open_source
+from reconciler.spec.hashing import submission_id, task_spec_hash
+from reconciler.spec.types import ClusterSpec, DesiredState, ModelSpec, ObjectKey, Paths, Training
+from reconciler.status.branch import read_documents
+from reconciler.status.writer import StatusWriter
+from tests.support import git, task_spec
+
+KEY = b"k" * 32
+CAP = Capacity(total={"GPU": 8, "CPU": 64, "worker_node": 4}, available={"GPU": 8, "CPU": 64, "worker_node": 4})
+
+
+def cluster(tmp: Path | None = None) -> ClusterSpec:
+    root = tmp or Path("/shared")
+    return ClusterSpec(
+        paths=Paths(common=str(root / "hf"), users=str(root / "users")),
+        training=Training(rollout="vllm", driver_resources={"worker_node": 1.0}),
+    )
+
+
+class FakeJobsAPI:
+    """``GET /api/jobs/`` answering a fixed JobDetails list (the observer's only call)."""
+
+    def __init__(self, jobs: list[dict[str, Any]]) -> None:
+        self.jobs = jobs
+
+    def get(self, path: str) -> Any:
+        assert path == "/api/jobs/"
+        return self.jobs
+
+
+def details(body: dict[str, Any], status: str = "SUCCEEDED") -> dict[str, Any]:
+    return {"submission_id": body["submission_id"], "metadata": body["metadata"], "status": status}
+
+
+# -- ownership proofs ---------------------------------------------------------------------------
+
+
+def test_proof_binds_id_owner_task_and_spec() -> None:
+    task = task_spec("alice", "train", command="true")
+    meta = job_submission(task, cluster(), revision=None, secrets_env={}, ownership_key=KEY)["metadata"]
+    sid = submission_id(task)
+    assert proof_valid(KEY, sid, meta)
+    assert not proof_valid(b"x" * 32, sid, meta)  # another daemon's key
+    assert not proof_valid(KEY, sid + "--2", meta)  # replayed under another id
+    for field, value in (("argus-user", "bob"), ("argus-task", "other"), ("argus-spec-hash", "0" * 16)):
+        assert not proof_valid(KEY, sid, {**meta, field: value}), field
+    assert not proof_valid(KEY, sid, {k: v for k, v in meta.items() if k != LABEL_PROOF})
+    assert not proof_valid(b"", sid, meta)
+
+
+def test_forged_labels_are_foreign_and_never_a_run(tmp_path: Path) -> None:
+    """A job claiming alice's task, its run folder in bob's home, holding alice's id: foreign."""
+    spec = cluster(tmp_path)
+    task = task_spec("alice", "train", command="true", created_at=1)
+    forged = job_submission(task, spec, revision=None, secrets_env={}, ownership_key=b"guessed-key-000000000000")
+    forged["metadata"]["argus-run-dir"] = str(tmp_path / "users" / "bob" / "jobs" / "x")
+    mine_task = task_spec("alice", "other", command="true")
+    mine = job_submission(mine_task, spec, revision=None, secrets_env={}, ownership_key=KEY)
+    obs = observe_job_records(FakeJobsAPI([details(forged), details(mine)]), KEY, spec.paths)  # type: ignore[arg-type]
+    assert [j.submission_id for j in obs.owned] == [submission_id(mine_task)]
+    assert [(f.submission_id, f.claims) for f in obs.foreign] == [(submission_id(task), "alice/tasks/train")]
+    # The planner: not a run of alice's task, and alice's run takes the next id.
+    model = ModelSpec(
+        key=ObjectKey("alice", "model", "chat"),
+        source="task:train",
+        source_path=None,
+        source_task="train",
+        replicas=1,
+        gpus_per_replica=1,
+        engine_kwargs={},
+        env={},
+        suspend=False,
+        created_at=1,
+    )
+    desired = DesiredState(cluster=spec, models={model.key: model}, tasks={task.key: task})
+    actual = ActualState(jobs=obs.owned, capacity=CAP, foreign_ids=frozenset(f.submission_id for f in obs.foreign))
+    result = plan(desired, actual)
+    submit = next(a for a in result.actions if a.type is ActionType.SUBMIT_TASK)
+    assert submit.submission_id == submission_id(task, 2)
+    assert next(a for a in result.actions if a.key == model.key).type is ActionType.QUEUE
+    # Deterministic: the same observation gives the same fresh id.
+    assert plan(desired, actual).for_key(task.key)[0].submission_id == submission_id(task, 2)
+
+
+def test_checkpoint_outside_the_home_is_not_served(tmp_path: Path) -> None:
+    spec = cluster(tmp_path)
+    task = task_spec("alice", "train", command="true")
+    sid = submission_id(task)
+    body = job_submission(task, spec, revision=None, secrets_env={}, ownership_key=KEY)
+    bob = tmp_path / "users" / "bob" / "model"
+    bob.mkdir(parents=True)
+    (bob / "config.json").write_text("{}")
+    (bob / "model.safetensors").write_bytes(b"x")
+    run = tmp_path / "users" / "alice" / "jobs" / "train" / sid / "checkpoints"
+    run.mkdir(parents=True)
+    (run / "final").symlink_to(bob)  # a job of alice's pointing into bob's home
+    obs = observe_job_records(FakeJobsAPI([details(body)]), KEY, spec.paths)  # type: ignore[arg-type]
+    assert obs.owned[0].hf_checkpoint is None
+    (run / "final").unlink()
+    (run / "final").mkdir()
+    (run / "final" / "config.json").write_text("{}")
+    (run / "final" / "model.safetensors").write_bytes(b"x")
+    obs = observe_job_records(FakeJobsAPI([details(body)]), KEY, spec.paths)  # type: ignore[arg-type]
+    assert obs.owned[0].hf_checkpoint == str(run / "final")
+
+
+# -- recorded runs and LOST ----------------------------------------------------------------------
+
+
+def _desired(*tasks: Any) -> DesiredState:
+    return DesiredState(cluster=cluster(), tasks={t.key: t for t in tasks})
+
+
+def test_recorded_runs_read_back_only_ids_of_their_own_task() -> None:
+    task = task_spec("alice", "train", command="true")
+    sid = submission_id(task)
+    docs = {
+        "users/alice/tasks/train.yaml": {
+            "runs": [
+                {"submission_id": sid, "spec_hash": task_spec_hash(task), "status": "RUNNING"},
+                {"submission_id": submission_id(task_spec("bob", "train")), "status": "SUCCEEDED"},  # not alice's
+                {"submission_id": 5, "status": "SUCCEEDED"},
+                "junk",
+            ]
+        },
+        "users/alice/models/chat.yaml": {"runs": [{"submission_id": sid, "status": "SUCCEEDED"}]},
+    }
+    runs = recorded_runs(docs, None)
+    assert [(r.submission_id, r.status, r.key) for r in runs] == [(sid, "RUNNING", task.key)]
+    assert recorded_runs(docs, None, skip={sid}) == []
+
+
+@pytest.mark.parametrize("recorded", ["RUNNING", "PENDING", "SUBMITTED"])
+def test_a_run_ray_forgot_while_it_ran_is_lost(recorded: str) -> None:
+    task = task_spec("alice", "train", command="true")
+    run = ActualJob(submission_id(task), task.key, task_spec_hash(task), recorded)
+    actual = ActualState(capacity=CAP, recorded_runs=[run])
+    result = plan(_desired(task), actual)
+    assert result.actions == []  # never resubmitted by itself
+    st = assess(_desired(task), actual, result)[task.key]
+    assert (st.state, st.reason, st.submission_id) == (LOST, LOST_REASON, run.submission_id)
+    assert [r.status for r in st.runs] == [LOST]
+    bumped = task_spec("alice", "train", command="true", run=2)
+    again = plan(_desired(bumped), actual)
+    assert [a.type for a in again.actions] == [ActionType.SUBMIT_TASK]
+
+
+def test_ray_wins_over_the_record_for_the_same_run() -> None:
+    task = task_spec("alice", "train", command="true")
+    sid, digest = submission_id(task), task_spec_hash(task)
+    actual = ActualState(
+        jobs=[ActualJob(sid, task.key, digest, "SUCCEEDED")],
+        capacity=CAP,
+        recorded_runs=[ActualJob(sid, task.key, digest, "SUBMITTED")],
+    )
+    assert [r.status for r in actual.runs()] == ["SUCCEEDED"]
+    assert assess(_desired(task), actual, plan(_desired(task), actual))[task.key].state == "SUCCEEDED"
+
+
+def test_recorded_success_feeds_a_task_model_after_ray_forgot() -> None:
+    task = task_spec("alice", "train", command="true")
+    run = ActualJob(submission_id(task), task.key, task_spec_hash(task), "SUCCEEDED", hf_checkpoint="/ck")
+    model = ModelSpec(
+        key=ObjectKey("alice", "model", "chat"),
+        source="task:train",
+        source_path=None,
+        source_task="train",
+        replicas=1,
+        gpus_per_replica=1,
+        engine_kwargs={},
+        env={},
+        suspend=False,
+        created_at=1,
+    )
+    desired = DesiredState(cluster=cluster(), models={model.key: model}, tasks={task.key: task})
+    result = plan(desired, ActualState(capacity=CAP, recorded_runs=[run]))
+    assert [(a.type, a.source_path) for a in result.actions] == [(ActionType.DEPLOY_MODEL, "/ck")]
+
+
+def test_actual_json_round_trips_records() -> None:
+    task = task_spec("alice", "train", command="true")
+    actual = ActualState(
+        recorded_runs=[ActualJob(submission_id(task), task.key, "h", "SUCCEEDED")], foreign_ids=frozenset({"x"})
+    )
+    back = ActualState.from_json(actual.to_json())
+    assert back.recorded_runs == actual.recorded_runs and back.foreign_ids == actual.foreign_ids
+
+
+# -- errors classified by what Ray says ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "text", "permanent"),
+    [
+        (500, "No available agent to submit job, please try again later.", False),
+        (500, "Traceback ...\nRuntimeError: Request failed with status code 400: ValueError: bad runtime_env.", True),
+        (500, "Traceback ...\nRuntimeError: Request failed with status code 503: busy.", False),
+        (500, "Traceback (most recent call last):\n  ...\nValueError: something inside the head", False),
+        (400, "TypeError: entrypoint_num_gpus must be a number", True),
+        (422, "unprocessable", True),
+        (401, "Unauthorized", False),
+        (403, "Forbidden", False),
+        (404, "Not Found", False),
+        (429, "Too Many Requests", False),
+        (502, "Bad Gateway", False),
+    ],
+)
+def test_errors_are_classified_by_rays_answer(status: int, text: str, permanent: bool) -> None:
+    assert is_permanent(status, text) is permanent
+
+
+def test_backoff_doubles_and_resets() -> None:
+    book = Backoff(first=2.0, cap=10.0)
+    assert book.due("t", 0.0)
+    assert [book.failed("t", 0.0) for _ in range(4)] == [2.0, 4.0, 8.0, 10.0]
+    assert not book.due("t", 9.0) and book.due("t", 10.0)
+    assert book.retry_in("t", 4.0) == 6.0
+    book.succeeded("t")
+    assert book.due("t", 0.0) and book.retry_in("t", 0.0) is None
+
+
+# -- the ownership key -------------------------------------------------------------------------------
+
+
+def test_key_file_is_created_private_and_reused(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    first = load_or_create_key(str(state), env={})
+    assert stat.S_IMODE(os.stat(state / KEY_FILE).st_mode) == 0o600
+    assert load_or_create_key(str(state), env={}) == first and len(first) >= 32
+    os.chmod(state / KEY_FILE, 0o644)
+    with pytest.raises(PermanentError, match="readable by others"):
+        load_or_create_key(str(state), env={})
+    assert load_or_create_key(str(state), env={ENV_KEY: "x" * 40}) == b"x" * 40
+    with pytest.raises(PermanentError, match="too short"):
+        load_or_create_key(str(state), env={ENV_KEY: "short"})
+
+
+# -- the status branch records a run before it is submitted ------------------------------------------
+
+
+def test_runs_are_recorded_before_submission_and_read_back(tmp_path: Path) -> None:
+    bare = tmp_path / "config.git"
+    git(tmp_path, "init", "-q", "--bare", "-b", "main", str(bare))
+    writer = StatusWriter(open_source(str(bare), str(tmp_path / "cache")))
+    task = task_spec("alice", "train", command="true")
+    sid, digest = submission_id(task), task_spec_hash(task)
+    assert writer.record_runs([(task.key, sid, digest)])
+    docs = read_documents(str(bare), "argus/status")
+    assert docs[task.key.path]["runs"] == [{"submission_id": sid, "spec_hash": digest, "status": "SUBMITTED"}]
+    # A fresh writer (a restarted daemon) sees the record, and the planner does not submit again.
+    runs = recorded_runs(StatusWriter(open_source(str(bare), str(tmp_path / "cache"))).documents(), None)
+    assert [(r.submission_id, r.spec_hash) for r in runs] == [(sid, digest)]
+    assert plan(_desired(task), ActualState(capacity=CAP, recorded_runs=runs)).actions == []
+    assert writer.record_runs([(task.key, sid, digest)])  # idempotent: no second entry
+    assert len(read_documents(str(bare), "argus/status")[task.key.path]["runs"]) == 1
