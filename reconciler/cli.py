@@ -623,9 +623,17 @@ def _signing(args: argparse.Namespace) -> SigningPolicy:
 def _reconciler(args: argparse.Namespace, source: Any) -> Any:
     from reconciler.tick import Reconciler
 
+    from reconciler.apply.ownership import load_or_create_key
+
     signing = _signing(args)
+    state_dir = os.path.join(args.cache_dir, "state")
     return Reconciler(
-        source, args.branch, Dashboard(args.ray), signing=signing, state_dir=os.path.join(args.cache_dir, "state")
+        source,
+        args.branch,
+        Dashboard(args.ray),
+        signing=signing,
+        state_dir=state_dir,
+        ownership_key=load_or_create_key(state_dir),  # ARGUS_OWNERSHIP_KEY, else <state dir>/ownership.key
     )
 
 

@@ -57,8 +57,8 @@ RecordRuns = Callable[[list[tuple[ObjectKey, str, str]]], bool]
 
 
 def default_state_dir() -> str:
-    """The daemon's state folder (as ``argus --cache-dir``): where the ownership key lives."""
-    return os.environ.get("ARGUS_CACHE_DIR") or os.path.expanduser("~/.cache/argus")
+    """The daemon's state folder (``<argus --cache-dir>/state``): where the ownership key lives."""
+    return os.path.join(os.environ.get("ARGUS_CACHE_DIR") or os.path.expanduser("~/.cache/argus"), "state")
 
 
 def default_task_check() -> TaskCheck | None:
@@ -150,7 +150,9 @@ class Reconciler:
         self._put_memo: dict[str, Any] = {}
         self._subject = ""
         self._refused: dict[tuple[ObjectKey, str | None], str] = {}
-        self.ownership_key = ownership_key if ownership_key is not None else load_or_create_key(default_state_dir())
+        self.ownership_key = (
+            ownership_key if ownership_key is not None else load_or_create_key(state_dir or default_state_dir())
+        )
         self.status_docs = status_docs or (lambda: read_documents(source.repo.path, STATUS_BRANCH, remote_too=True))
         self.record_runs = record_runs
         self.backoff = Backoff()

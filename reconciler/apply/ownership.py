@@ -7,6 +7,7 @@ written to git nor passed to jobs: whoever holds it can make a job look like arg
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 
@@ -29,14 +30,20 @@ def load_or_create_key(state_dir: str, env: dict[str, str] | None = None) -> byt
             raise PermanentError(f"{ENV_KEY} is too short: use at least 16 characters (e.g. `openssl rand -hex 32`)")
         return value
     path = os.path.join(state_dir, KEY_FILE)
-    os.makedirs(state_dir, mode=0o700, exist_ok=True)
-    try:
-        # O_EXCL: two daemons starting at once cannot both create (and one overwrite) the key.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
+    if os.path.exists(path):
         return _read_key(path)
-    with os.fdopen(fd, "w") as out:
-        out.write(secrets.token_hex(_KEY_BYTES) + "\n")
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    # Written whole under a private name, then linked into place: link() fails when the key
+    # exists, so two daemons starting at once agree on one key and never read a half-written one.
+    tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(_KEY_BYTES) + "\n")
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+    finally:
+        os.unlink(tmp)
     return _read_key(path)
 
 

@@ -259,10 +259,18 @@ def test_forged_job_is_foreign_and_feeds_no_model(dash: Dashboard, cluster: Clus
     assert all(j.submission_id != sid for j in result.actual.jobs)  # never adopted
     assert sid in result.actual.foreign_ids
     assert any(sid in note and "ownership proof" in note for note in result.notes)  # reported
-    submit = next(a for a in result.plan.actions if a.type is ActionType.SUBMIT_TASK)
-    assert submit.submission_id == submission_id(task, 2)  # not considered run; a fresh id
+    # Not considered run: alice's run is planned (admitted, or queued behind the module's other
+    # jobs) under a fresh id, since the forged job holds the first one.
+    (action,) = result.plan.for_key(task.key)
+    assert action.type in (ActionType.SUBMIT_TASK, ActionType.QUEUE), action
+    assert action.submission_id == submission_id(task, 2)
     model_actions = result.plan.for_key(ObjectKey("alice", "model", "chat"))
     assert [a.type for a in model_actions] == [ActionType.QUEUE]  # waits for alice's own run
+    deadline = time.monotonic() + 120
+    while job(dash, submission_id(task, 2)) is None:
+        assert time.monotonic() < deadline, "alice's own run was never submitted"
+        time.sleep(1)
+        reconciler.tick()
     fresh = wait_status(dash, submission_id(task, 2), {"SUCCEEDED", "FAILED"}, paths=cluster.paths)
     assert fresh.status == "SUCCEEDED" and fresh.hf_checkpoint is None
     again = reconciler.tick()
