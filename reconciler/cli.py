@@ -621,9 +621,8 @@ def _signing(args: argparse.Namespace) -> SigningPolicy:
 
 
 def _reconciler(args: argparse.Namespace, source: Any) -> Any:
-    from reconciler.tick import Reconciler
-
     from reconciler.apply.ownership import load_or_create_key
+    from reconciler.tick import Reconciler
 
     signing = _signing(args)
     state_dir = os.path.join(args.cache_dir, "state")
