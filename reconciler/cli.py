@@ -22,6 +22,7 @@ from reconciler.plan.actions import ActionType
 from reconciler.plan.actual import ActualState
 from reconciler.plan.planner import plan as make_plan
 from reconciler.redact import redact_url
+from reconciler.server.core import DEFAULT_MAX_BODY
 from reconciler.source.directory import created_times, read_directory
 from reconciler.source.localfs import LocalFS
 from reconciler.source.remote import open_source
@@ -32,6 +33,7 @@ from reconciler.spec.types import DesiredState
 
 if TYPE_CHECKING:
     from reconciler.tick import TickResult
+    from reconciler.web.response import PageHandler
 
 EPILOG = """\
 exit codes:
@@ -245,6 +247,14 @@ def _attach_log_tails(dash: Dashboard, objects: list[dict[str, Any]]) -> None:
                     run["log_tail"] = job_log_tail(dash, run["submission_id"])
 
 
+def _daemon_pages(args: argparse.Namespace) -> PageHandler | None:
+    """The status pages and API for ``argus run`` (None: only /metrics, /healthz and the webhook are served).
+
+    Wiring point of reconciler.web: returns its page handler once that module provides one.
+    """
+    return None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import logging
     import signal
@@ -261,13 +271,36 @@ def cmd_run(args: argparse.Namespace) -> int:
     reconciler = _reconciler(args, source)
     writer = StatusWriter(source, args.status_branch, endpoint=args.endpoint)
     daemon = Daemon(reconciler, writer, observe_interval=args.observe_interval, fetch_interval=args.fetch_interval)
-    server = start_server(
-        args.listen,
-        metrics=daemon.metrics,
-        on_push=daemon.on_push,
-        secret=os.environ.get("ARGUS_WEBHOOK_SECRET"),
-        health=daemon.health,
-    )
+    pages = _daemon_pages(args)
+    servers = []
+    try:
+        # The webhook address serves the pages too, unless they have an address of their own.
+        servers.append(
+            start_server(
+                args.listen,
+                metrics=daemon.metrics,
+                on_push=daemon.on_push,
+                secret=os.environ.get("ARGUS_WEBHOOK_SECRET"),
+                health=daemon.health,
+                pages=None if args.web_listen else pages,
+                max_body=args.webhook_max_bytes,
+            )
+        )
+        if args.web_listen:
+            servers.append(
+                start_server(
+                    args.web_listen,
+                    metrics=daemon.metrics,
+                    on_push=None,
+                    secret=None,
+                    health=daemon.health,
+                    pages=pages,
+                )
+            )
+    except (OSError, ValueError) as exc:
+        for server in servers:
+            server.shutdown()
+        raise ArgusError(f"cannot listen: {exc}") from exc
 
     def stop(signum: int, frame: object) -> None:
         daemon.stop.set()
@@ -277,14 +310,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, stop)
     daemon.watch_local()
     print(
-        json.dumps({"event": "started", "repo": redact_url(args.repo), "branch": args.branch, "listen": args.listen}),
+        json.dumps(
+            {
+                "event": "started",
+                "repo": redact_url(args.repo),
+                "branch": args.branch,
+                "listen": args.listen,
+                "web_listen": args.web_listen,
+            }
+        ),
         file=sys.stderr,
         flush=True,
     )
     try:
         daemon.run()
     finally:
-        server.shutdown()
+        for server in servers:
+            server.shutdown()
     return 0
 
 
@@ -465,7 +507,22 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--listen",
         default=_env("LISTEN", "0.0.0.0:8080"),
-        help="address for /hooks/git, /metrics and /healthz (default: 0.0.0.0:8080) [ARGUS_LISTEN]",
+        help="address for /hooks/git, /metrics, /healthz and, without --web-listen, the status pages "
+        "(default: 0.0.0.0:8080) [ARGUS_LISTEN]",
+    )
+    d.add_argument(
+        "--web-listen",
+        default=_env("WEB_LISTEN"),
+        metavar="HOST:PORT",
+        help="a separate address for the status pages and /api/v1 (plus /metrics and /healthz, no webhook), "
+        "e.g. an internal one while --listen faces the git host [ARGUS_WEB_LISTEN]",
+    )
+    d.add_argument(
+        "--webhook-max-bytes",
+        type=_positive_int,
+        default=_positive_int(_env("WEBHOOK_MAX_BYTES", str(DEFAULT_MAX_BODY)) or str(DEFAULT_MAX_BODY)),
+        help=f"largest webhook body accepted; larger ones get 413 unread (default: {DEFAULT_MAX_BODY}) "
+        "[ARGUS_WEBHOOK_MAX_BYTES]",
     )
     d.add_argument(
         "--endpoint",
@@ -556,6 +613,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dm.set_defaults(func=cmd_demo)
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
 
 
 def _env(name: str, default: str | None = None) -> str | None:

@@ -1,4 +1,4 @@
-"""Webhook signature checks and the metrics exposition (pure parts of reconciler/server.py)."""
+"""Webhook signature checks and the metrics exposition (pure parts of reconciler/server/)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ def test_github_and_gitea_hmac_and_gitlab_token() -> None:
     assert not signature_ok({"X-Gitea-Signature": digest.upper()[:-1]}, BODY, SECRET)
     assert not signature_ok({"X-Gitlab-Token": "nope"}, BODY, SECRET)
     assert not signature_ok({}, BODY, SECRET)
+    assert signature_ok({"x-hub-signature-256": "sha256=" + digest}, BODY, SECRET)
+    assert signature_ok({"X-HUB-SIGNATURE-256": "sha256=" + digest.upper()}, BODY, SECRET)
+    assert not signature_ok({"X-Gitlab-Token": "s3cr\u00e9t"}, BODY, "s3cr\u00e9t")  # non-ASCII: refused, no error
 
 
 def test_pushed_ref() -> None:
@@ -36,9 +39,20 @@ def test_metrics_render() -> None:
     m.error("ray")
     m.last_applied_commit_time = 1764417600.0
     text = m.render()
-    assert 'argus_reconcile_duration_seconds_bucket{le="0.1"} 1' in text
-    assert 'argus_reconcile_duration_seconds_bucket{le="+Inf"} 2' in text
-    assert "argus_reconcile_duration_seconds_count 2" in text
-    assert 'argus_objects{kind="model",state="RUNNING"} 2' in text
-    assert 'argus_errors_total{kind="ray"} 1' in text
-    assert "argus_last_applied_commit_timestamp_seconds 1764417600.0" in text
+    assert 'argus_reconcile_duration_seconds_bucket{le="0.1"} 1.0' in text
+    assert 'argus_reconcile_duration_seconds_bucket{le="+Inf"} 2.0' in text
+    assert "argus_reconcile_duration_seconds_count 2.0" in text
+    assert 'argus_objects{kind="model",state="RUNNING"} 2.0' in text
+    assert 'argus_objects{kind="task",state="QUEUED"} 1.0' in text
+    assert 'argus_errors_total{kind="ray"} 1.0' in text
+    assert "argus_last_applied_commit_timestamp_seconds 1.7644176e+09" in text
+    m.set_objects({("task", "QUEUED"): 3})
+    text = m.render()
+    assert 'argus_objects{kind="model"' not in text  # a state that no object has any more disappears
+    assert 'argus_objects{kind="task",state="QUEUED"} 3.0' in text
+
+
+def test_two_metrics_instances_do_not_share_counters() -> None:
+    a, b = Metrics(), Metrics()
+    a.error("ray")
+    assert 'argus_errors_total{kind="ray"}' not in b.render()
