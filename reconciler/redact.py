@@ -91,9 +91,11 @@ class Redactor:
     def __init__(self, secrets: Iterable[str | None] = ()) -> None:
         literals: set[str] = set()
         for secret in secrets:
-            if secret and len(secret.strip()) >= MIN_SECRET_LEN:
-                literals.add(secret.strip())
-                literals.add(_percent_encoded(secret.strip()))
+            # The exact value, and without surrounding blanks (how it shows when printed in a line).
+            for value in {secret or "", (secret or "").strip()}:
+                if len(value) >= MIN_SECRET_LEN and value.strip():
+                    literals.add(value)
+                    literals.add(_percent_encoded(value))
         # Longest first, so that a secret containing another is hidden whole. Case-sensitive: a
         # secret is an exact value, and IGNORECASE would make the alternation ~40x slower.
         alternatives = [re.escape(s) for s in sorted(literals, key=lambda s: (-len(s), s))]
