@@ -22,7 +22,6 @@ from reconciler.plan.actions import ActionType
 from reconciler.plan.actual import ActualState
 from reconciler.plan.planner import plan as make_plan
 from reconciler.redact import redact_url
-from reconciler.server.core import DEFAULT_MAX_BODY
 from reconciler.source.directory import created_times, read_directory
 from reconciler.source.localfs import LocalFS
 from reconciler.source.remote import open_source
@@ -613,6 +612,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dm.set_defaults(func=cmd_demo)
     return parser
+
+
+# reconciler.server.core.DEFAULT_MAX_BODY, spelled out: that module needs the runtime extras.
+DEFAULT_MAX_BODY = 1024 * 1024
 
 
 def _positive_int(text: str) -> int:

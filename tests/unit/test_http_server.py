@@ -342,3 +342,11 @@ def test_idle_connections_do_not_lock_out_scrapes(served: Served) -> None:
         for s in idle:
             s.close()
         server.shutdown()
+
+
+def test_cli_default_body_limit_matches_the_server() -> None:
+    from reconciler import cli
+    from reconciler.server.core import DEFAULT_MAX_BODY
+
+    assert cli.DEFAULT_MAX_BODY == DEFAULT_MAX_BODY
+    assert cli.build_parser().parse_args(["run", "--repo", "."]).webhook_max_bytes == DEFAULT_MAX_BODY
