@@ -328,27 +328,24 @@ def _parse_checked(file: SourceFile, kind: str, cache: ParseCache) -> tuple[Docu
         result = (None, [Issue(file.path, 0, "not a regular file")])
     else:
         try:
-            doc = parse(file.path, file.content)
-        except YamlError as exc:
-            result = (None, [exc.issue])
-        else:
-            found = doc.data.get("kind")
-            if "kind" in doc.data and found != kind:
-                folder = {"Model": "models/", "Task": "tasks/", "Cluster": "the repository root (cluster.yaml)"}[kind]
-                result = (
-                    doc,
-                    [
-                        Issue(
-                            file.path,
-                            doc.line(("kind",)),
-                            f"kind: must be {kind!r} for a file in {folder}, got {found!r}",
-                        )
-                    ],
-                )
-            else:
-                result = (doc, schema.validate(doc, kind))
+            result = _read(file.path, file.content, kind)
+        except Exception as exc:  # a bug must not take down other users
+            result = (None, [Issue(file.path, 0, f"internal error while reading this file: {exc!r}")])
     cache.remember(cache.entries, (file.path, file.blob), result, _weight(file))
     return result
+
+
+def _read(path: str, content: bytes, kind: str) -> tuple[Document | None, list[Issue]]:
+    """Parse and schema-check one file's content."""
+    try:
+        doc = parse(path, content)
+    except YamlError as exc:
+        return None, [exc.issue]
+    found = doc.data.get("kind")
+    if "kind" in doc.data and found != kind:
+        folder = {"Model": "models/", "Task": "tasks/", "Cluster": "the repository root (cluster.yaml)"}[kind]
+        return doc, [Issue(path, doc.line(("kind",)), f"kind: must be {kind!r} for a file in {folder}, got {found!r}")]
+    return doc, schema.validate(doc, kind)
 
 
 def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:

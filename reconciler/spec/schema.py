@@ -6,15 +6,18 @@ mapped to the repository's ``schemas/`` folder by pyproject.toml).
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import json
-from collections.abc import Mapping
+import math
+import re
+from collections.abc import Iterator, Mapping
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
 
 from reconciler.errors import Issue
@@ -38,22 +41,70 @@ def schema(kind: str) -> dict[str, Any]:
     return json.loads(schema_text(kind))  # type: ignore[no-any-return]
 
 
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    """``pattern`` as JSON Schema means it (ECMA-262): ``$`` is the end of the text. Python's
+    ``$`` also matches before a final newline, so ``"HOME\\n"`` would pass ``^[A-Z_]+$``."""
+    if not isinstance(instance, str):
+        return
+    found = _compiled(pattern).search(instance)
+    if found is None or (pattern.endswith("$") and not pattern.endswith("\\$") and found.end() != len(instance)):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
 @cache
-def _validator(kind: str) -> Draft202012Validator:
-    return Draft202012Validator(schema(kind))
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+_Validator = validators.extend(Draft202012Validator, {"pattern": _pattern})  # type: ignore[no-untyped-call]
+
+
+@cache
+def _validator(kind: str) -> Any:
+    return _Validator(schema(kind))
 
 
 def validate(doc: Document, kind: str) -> list[Issue]:
-    """Return every schema violation of ``doc`` as a located Issue (empty when valid)."""
+    """Return every schema violation of ``doc`` as a located Issue (empty when valid).
+
+    Besides the schema: every value must be one JSON can carry (no dates, binary, NaN or
+    infinity), since specs are hashed, sent to Ray and written to the status branch as JSON.
+    The schema refuses most where it types a field; what it cannot see (NaN is a number to it)
+    is reported here, once per line.
+    """
     issues: list[Issue] = []
     for error in sorted(_validator(kind).iter_errors(doc.data), key=lambda e: list(map(str, e.absolute_path))):
         issues.extend(_to_issues(doc, error))
+    if doc.not_json:
+        reported = {i.line for i in issues}
+        for where, value in doc.not_json:
+            line = doc.line(where)
+            if line not in reported:
+                reported.add(line)
+                issues.append(Issue(doc.path, line, f"{_field(where)}: {_not_json(value)}"))
     return sorted(set(issues))
+
+
+JSON_TYPES = ["string", "number", "boolean", "null", "array", "object"]
+
+
+def _not_json(value: Any) -> str:
+    """Why ``value`` cannot be a JSON value, with what to write instead."""
+    expected = "expected a JSON value (a string, number, true/false, null, list or mapping)"
+    if isinstance(value, float):
+        return f"{_show(value)} is not a JSON number (JSON has no NaN or infinity)"
+    if isinstance(value, (datetime.date, datetime.datetime)):
+        return f"{expected}, got a YAML date ({value.isoformat()}); quote it to pass it as a string"
+    if isinstance(value, bytes):
+        return f"{expected}, got binary data (!!binary); pass text instead"
+    return f"{expected}, got {_show(value)}"
 
 
 def _field(path: tuple[str | int, ...]) -> str:
     out = ""
     for part in path:
+        if isinstance(part, str) and not part.isprintable():
+            part = repr(part)[1:-1]  # a key with a newline or control character stays on one line
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 
@@ -92,6 +143,8 @@ def _to_issues(doc: Document, error: ValidationError) -> list[Issue]:
     if validator == "required":
         missing = error.message.split("'")[1] if "'" in error.message else error.message
         return [Issue(doc.path, doc.line(where), f"{prefix}missing required key {missing!r}")]
+    if validator == "type" and error.validator_value == JSON_TYPES:
+        return [Issue(doc.path, doc.line(where), f"{prefix}{_not_json(error.instance)}")]
     if validator == "type":
         expected = error.validator_value
         return [Issue(doc.path, doc.line(where), f"{prefix}expected {_types(expected)}, got {_show(error.instance)}")]
@@ -131,5 +184,7 @@ def _show(value: Any) -> str:
         return "null"
     if isinstance(value, (dict, list)):
         return "a mapping" if isinstance(value, dict) else "a list"
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

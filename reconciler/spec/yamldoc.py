@@ -3,31 +3,73 @@
 ``yaml.safe_load`` semantics, stricter: one mapping document, no duplicate keys, no
 aliases (they are how "billion laughs" bombs expand), UTF-8 only, at most 256 KiB.
 Every value's line is recorded so schema errors can be reported as ``path:line``.
+
+Two parsers, one result. When PyYAML has libyaml, a file is composed to a node tree by the
+C parser (``CSafeLoader``) and that tree is walked here, checking what the pure-Python
+composer below refuses as it goes (aliases, nesting) besides what both check (duplicate and
+merge keys, tags, types). The C path only ever *accepts*: on any problem, or on input where
+the two parsers could differ (characters PyYAML's reader refuses, nesting deep enough to
+exhaust the C stack), the file is parsed again by the pure-Python strict parser, whose
+``path:line`` message is reported. So every error is the same with or without libyaml.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.reader import Reader
 
 from reconciler.errors import Issue
 
+# None when PyYAML was built without libyaml.
+_CSafeLoader: type[Any] | None = getattr(yaml, "CSafeLoader", None)
+
 MAX_BYTES = 256 * 1024
 MAX_DEPTH = 64  # nesting levels of mappings and lists
+HAS_LIBYAML = _CSafeLoader is not None
+USE_LIBYAML = HAS_LIBYAML  # parse() default; tests flip it to check that both parsers agree
+# The C composer recurses in C once per nesting level: 30,000 levels overflowed an 8 MiB stack
+# in a test. A document nests at most once per `[`, `{`, `-`, `:` or `?` (every collection holds
+# one), so below this count the C parser is safe even on a thread's smaller stack.
+C_MAX_INDICATORS = 2000
 JsonPath = tuple[str | int, ...]
+
+_STR = "tag:yaml.org,2002:str"
+_MERGE = "tag:yaml.org,2002:merge"
+_PLAIN_TAGS: dict[type[Node], str] = {SequenceNode: "tag:yaml.org,2002:seq", MappingNode: "tag:yaml.org,2002:map"}
+# The scalar constructors safe_load uses, called directly (construct_object's bookkeeping is
+# for recursive collections, which scalars are not).
+_SCALARS: dict[str, Callable[[Any, ScalarNode], Any]] = {
+    tag: yaml.SafeLoader.yaml_constructors[tag]
+    for tag in (
+        "tag:yaml.org,2002:null",
+        "tag:yaml.org,2002:bool",
+        "tag:yaml.org,2002:int",
+        "tag:yaml.org,2002:float",
+        "tag:yaml.org,2002:binary",
+        "tag:yaml.org,2002:timestamp",
+    )
+}
+_JSON_SCALARS = (str, int, bool, type(None))
 
 
 @dataclass
 class Document:
-    """A parsed YAML mapping and the line (1-based) of every key and item in it."""
+    """A parsed YAML mapping and the line (1-based) of every key and item in it.
+
+    ``not_json`` lists the values that JSON cannot carry (dates, binary, NaN, infinity) with
+    where they are: the schema check reports them where a JSON value is required.
+    """
 
     path: str
     data: dict[str, Any]
     lines: dict[JsonPath, int] = field(default_factory=dict)
+    not_json: list[tuple[JsonPath, Any]] = field(default_factory=list)
 
     def line(self, where: Sequence[str | int] = ()) -> int:
         """Line of ``where``, or of its nearest recorded ancestor (1 for the document)."""
@@ -43,6 +85,10 @@ class YamlError(Exception):
     def __init__(self, issue: Issue) -> None:
         super().__init__(str(issue))
         self.issue = issue
+
+
+class _Retry(Exception):
+    """The C path met something only the pure-Python parser reports exactly: parse again there."""
 
 
 class _StrictLoader(yaml.SafeLoader):  # type: ignore[misc]
@@ -69,8 +115,11 @@ class _StrictLoader(yaml.SafeLoader):  # type: ignore[misc]
             self._depth -= 1
 
 
-def parse(path: str, content: bytes) -> Document:
-    """Parse one file. Returns a :class:`Document`; raises :class:`YamlError` with a located Issue."""
+def parse(path: str, content: bytes, *, libyaml: bool | None = None) -> Document:
+    """Parse one file. Returns a :class:`Document`; raises :class:`YamlError` with a located Issue.
+
+    ``libyaml`` chooses the parser (default :data:`USE_LIBYAML`); the result is the same.
+    """
     if len(content) > MAX_BYTES:
         raise YamlError(Issue(path, 0, f"file is {len(content)} bytes; the limit is {MAX_BYTES} (256 KiB)"))
     try:
@@ -80,13 +129,57 @@ def parse(path: str, content: bytes) -> Document:
         raise YamlError(Issue(path, line, f"file is not valid UTF-8 (byte 0x{content[exc.start]:02x})")) from exc
     if text.startswith("\ufeff"):
         text = text[1:]
+    if (USE_LIBYAML if libyaml is None else libyaml) and _CSafeLoader is not None and _c_safe(text):
+        try:
+            return _parse_c(path, text)
+        except (_Retry, YamlError, yaml.YAMLError):
+            pass  # the pure-Python parser says exactly what is wrong
+    return _parse_python(path, text)
+
+
+def _c_safe(text: str) -> bool:
+    """Whether libyaml may compose ``text``: shallow enough for the C stack, and only characters
+    PyYAML's reader accepts (libyaml's own check is the same set, but one regex pass is cheap)."""
+    indicators = text.count("[") + text.count("{") + text.count("-") + text.count(":") + text.count("?")
+    return (
+        indicators <= C_MAX_INDICATORS
+        # libyaml accepts tabs where PyYAML refuses them (`key: <TAB>value`) and `?` inside plain
+        # scalars of flow collections (`{a?: 1}`): leave those characters to PyYAML.
+        and "\t" not in text
+        and "?" not in text
+        and Reader.NON_PRINTABLE.search(text) is None
+    )
+
+
+def _parse_c(path: str, text: str) -> Document:
+    assert _CSafeLoader is not None
+    loader = _CSafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            raise _Retry
+        doc = Document(path, {})
+        # Aliases need an anchor (`&`); without one no node can be shared and the check is skipped.
+        seen: set[int] | None = set() if "&" in text else None
+        data = _Walk(doc, loader, seen).convert(node, (), 0)
+    finally:
+        loader.dispose()
+    return _finish(doc, data, node)
+
+
+def _parse_python(path: str, text: str) -> Document:
+    bad = Reader.NON_PRINTABLE.search(text)
+    if bad is not None:  # PyYAML's reader would raise an unlocated ReaderError
+        line = text.count("\n", 0, bad.start()) + 1
+        char = bad.group()
+        raise YamlError(Issue(path, line, f"invalid YAML: the character {char!r} (#x{ord(char):04x}) is not allowed"))
     loader = _StrictLoader(text)
     try:
         node = loader.get_single_node()
         if node is None:
             raise YamlError(Issue(path, 1, "file is empty; expected a mapping with at least `kind:`"))
         doc = Document(path, {})
-        data = _convert(node, (), doc, loader)
+        data = _Walk(doc, loader, None).convert(node, (), 0)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 0
@@ -98,46 +191,88 @@ def parse(path: str, content: bytes) -> Document:
         raise YamlError(Issue(path, 0, f"invalid YAML: {exc}")) from exc
     finally:
         loader.dispose()
+    return _finish(doc, data, node)
+
+
+def _finish(doc: Document, data: Any, node: Node) -> Document:
     if not isinstance(data, dict):
         names = {"int": "an integer", "float": "a number", "bool": "a boolean", "str": "a string"}
         kind = "a list" if isinstance(data, list) else names.get(type(data).__name__, f"a {type(data).__name__}")
         raise YamlError(
-            Issue(path, node.start_mark.line + 1, f"the document is {kind}; expected a mapping (key: value)")
+            Issue(doc.path, node.start_mark.line + 1, f"the document is {kind}; expected a mapping (key: value)")
         )
     doc.data = data
     doc.lines[()] = node.start_mark.line + 1
     return doc
 
 
-_PLAIN_TAGS: dict[type[Node], str] = {SequenceNode: "tag:yaml.org,2002:seq", MappingNode: "tag:yaml.org,2002:map"}
+class _Walk:
+    """Node tree -> Python data, recording lines; refuses what argus files may not hold.
 
+    ``seen`` (C path only) collects the ids of visited collections and anchored scalars: a node
+    met twice is an alias, which the C composer resolves silently.
+    """
 
-def _convert(node: Node, where: JsonPath, doc: Document, loader: yaml.SafeLoader) -> Any:
-    doc.lines.setdefault(where, node.start_mark.line + 1)
-    if isinstance(node, ScalarNode):
-        return loader.construct_object(node, deep=True)
-    if type(node) in _PLAIN_TAGS and node.tag != _PLAIN_TAGS[type(node)]:
-        # safe_load would refuse `!!python/...` on a list or mapping (or build a set/omap); never ignore a tag.
-        raise YamlError(Issue(doc.path, node.start_mark.line + 1, f"invalid YAML: the tag {node.tag!r} is not allowed"))
-    if isinstance(node, SequenceNode):
-        return [_convert(item, (*where, i), doc, loader) for i, item in enumerate(node.value)]
-    if isinstance(node, MappingNode):
-        out: dict[Any, Any] = {}
-        for key_node, value_node in node.value:
-            line = key_node.start_mark.line + 1
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                raise YamlError(Issue(doc.path, line, "YAML merge keys (<<) are not allowed"))
-            if not isinstance(key_node, ScalarNode):
-                raise YamlError(Issue(doc.path, line, "mapping keys must be plain strings"))
-            key = loader.construct_object(key_node)
-            if not isinstance(key, str):
-                # `1: x` or `true: x` would be silently retyped by YAML; keys must be names.
-                key = str(key_node.value)
-            if key in out:
-                first = doc.lines.get((*where, key), 0)
-                raise YamlError(Issue(doc.path, line, f"duplicate key {key!r} (first defined on line {first})"))
-            doc.lines[(*where, key)] = line
-            out[key] = _convert(value_node, (*where, key), doc, loader)
-            doc.lines[(*where, key)] = line
-        return out
-    raise YamlError(Issue(doc.path, node.start_mark.line + 1, f"unsupported YAML node {node.tag}"))
+    def __init__(self, doc: Document, loader: Any, seen: set[int] | None) -> None:
+        self.doc, self.loader, self.seen = doc, loader, seen
+
+    def convert(self, node: Node, where: JsonPath, depth: int) -> Any:
+        doc = self.doc
+        doc.lines.setdefault(where, node.start_mark.line + 1)
+        if self.seen is not None:
+            if id(node) in self.seen:
+                raise _Retry  # an alias
+            self.seen.add(id(node))
+        if depth >= MAX_DEPTH:
+            raise _Retry  # only the C path gets here: the pure-Python composer reports it at its line
+        if isinstance(node, ScalarNode):
+            value = self.scalar(node)
+            if not isinstance(value, _JSON_SCALARS) and not (isinstance(value, float) and math.isfinite(value)):
+                doc.not_json.append((where, value))
+            return value
+        if type(node) in _PLAIN_TAGS and node.tag != _PLAIN_TAGS[type(node)]:
+            # safe_load would refuse `!!python/...` on a list or mapping (or build a set/omap); never ignore a tag.
+            raise YamlError(
+                Issue(doc.path, node.start_mark.line + 1, f"invalid YAML: the tag {node.tag!r} is not allowed")
+            )
+        if isinstance(node, SequenceNode):
+            return [self.convert(item, (*where, i), depth + 1) for i, item in enumerate(node.value)]
+        if isinstance(node, MappingNode):
+            out: dict[Any, Any] = {}
+            for key_node, value_node in node.value:
+                line = key_node.start_mark.line + 1
+                if key_node.tag == _MERGE:
+                    raise YamlError(Issue(doc.path, line, "YAML merge keys (<<) are not allowed"))
+                if not isinstance(key_node, ScalarNode):
+                    raise YamlError(Issue(doc.path, line, "mapping keys must be plain strings"))
+                key = self.scalar(key_node)
+                if not isinstance(key, str):
+                    # `1: x` or `true: x` would be silently retyped by YAML; keys must be names.
+                    key = str(key_node.value)
+                if key in out:
+                    first = doc.lines.get((*where, key), 0)
+                    raise YamlError(Issue(doc.path, line, f"duplicate key {key!r} (first defined on line {first})"))
+                doc.lines[(*where, key)] = line
+                out[key] = self.convert(value_node, (*where, key), depth + 1)
+            return out
+        raise YamlError(Issue(doc.path, node.start_mark.line + 1, f"unsupported YAML node {node.tag}"))
+
+    def scalar(self, node: ScalarNode) -> Any:
+        tag = node.tag
+        if tag == _STR:
+            return node.value
+        constructor = _SCALARS.get(tag)
+        try:
+            if constructor is not None:
+                return constructor(self.loader, node)
+            return self.loader.construct_object(node, deep=True)  # other tags: refused as safe_load refuses them
+        except yaml.YAMLError:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
+            # `!!int abc`, `!!timestamp 2026-13-45`, an integer of 5,000 digits: PyYAML's
+            # constructors raise plain Python errors for these.
+            short = tag.rsplit(":", 1)[-1]
+            shown = node.value if len(node.value) <= 40 else node.value[:37] + "..."
+            raise YamlError(
+                Issue(self.doc.path, node.start_mark.line + 1, f"invalid YAML: {shown!r} is not a valid {short}")
+            ) from exc

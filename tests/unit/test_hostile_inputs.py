@@ -25,6 +25,7 @@ import pytest
 from reconciler.source.directory import read_directory
 from reconciler.source.git import GitRepo
 from reconciler.source.localfs import LocalFS
+from reconciler.spec import yamldoc
 from reconciler.spec.loader import NAME_RE, USER_RE, SourceFile, classify, load
 from reconciler.spec.paths import FileSystem
 from reconciler.spec.types import DesiredState, ObjectKey
@@ -50,6 +51,17 @@ class Case:
     path: str
     content: bytes
     expects: tuple[tuple[int, str], ...]
+
+
+@pytest.fixture(autouse=True, params=["libyaml", "pure-python"])
+def yaml_parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every case runs with libyaml's C parser and with the pure-Python one: same messages, same lines."""
+    if request.param == "libyaml" and not yamldoc.HAS_LIBYAML:
+        if os.environ.get("CI"):
+            pytest.fail("PyYAML was built without libyaml")
+        pytest.skip("PyYAML was built without libyaml")
+    monkeypatch.setattr(yamldoc, "USE_LIBYAML", request.param == "libyaml")
+    return str(request.param)
 
 
 def read_case(file: Path) -> Case:
