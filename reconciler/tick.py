@@ -323,7 +323,7 @@ class Reconciler:
         touched: list[ObjectKey] = []
         for key in sorted(set(result.actual.models) | {a.key for a in plan.of(*changing)}):
             by_type = {a.type: a for a in plan.for_key(key)}
-            if ActionType.DELETE_MODEL in by_type:
+            if ActionType.DELETE_MODEL in by_type or ActionType.STOP_MODEL in by_type:
                 touched.append(key)
                 continue
             change = next((by_type[t] for t in changing if t in by_type), None)

@@ -18,6 +18,8 @@ can rebuild everything from Ray alone:
 ``argus-proof``        :func:`ownership_proof`: HMAC-SHA256 over the submission
                        id, user, task and spec hash, keyed by a secret only
                        the daemon holds
+``argus-spec``         compact JSON of :func:`~reconciler.spec.hashing.task_spec_fields`
+                       (a later plan names each changed field when it stops this run)
 =====================  ===================================================
 
 Labels prove nothing by themselves: code running on the cluster can reach the Jobs API and
@@ -40,7 +42,7 @@ from typing import Any
 
 from reconciler.errors import PermanentError
 from reconciler.plan.demand import task_resources
-from reconciler.spec.hashing import submission_id, task_spec_hash
+from reconciler.spec.hashing import submission_id, task_spec_fields, task_spec_hash
 from reconciler.spec.types import ClusterSpec, TaskSpec
 
 MANAGED_BY = "managed-by"
@@ -54,6 +56,7 @@ LABEL_RESOURCES = "argus-resources"
 LABEL_WORKLOAD = "argus-workload"
 LABEL_PROOF = "argus-proof"
 _PROOF_CONTEXT = b"argus-ownership-v1"
+LABEL_SPEC = "argus-spec"
 
 ENV_RUN_DIR = "ARGUS_RUN_DIR"
 ENV_CHECKPOINT_DIR = "ARGUS_CHECKPOINT_DIR"
@@ -244,6 +247,7 @@ def job_metadata(
         LABEL_RUN_DIR: run_folder,
         LABEL_RESOURCES: json.dumps(resources, sort_keys=True, separators=(",", ":")),
         LABEL_WORKLOAD: task.workload,
+        LABEL_SPEC: json.dumps(task_spec_fields(task), sort_keys=True, separators=(",", ":"), default=str),
     }
     if ownership_key:
         sid = sid or submission_id(task)

@@ -17,7 +17,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from reconciler.spec.hashing import model_env
+from reconciler.spec.hashing import model_env, model_spec_fields
 from reconciler.spec.types import ClusterSpec, ModelSpec
 
 OWNED_PREFIX = "argus--"  # prefix of every model application argus owns
@@ -98,7 +98,8 @@ def model_app_config(model: ModelSpec, cluster: ClusterSpec, source_path: str, s
 
     ``source_path`` is the resolved local model folder; ``spec_hash`` is
     ``model_spec_hash(model, cluster, checkpoint)`` and is stored in ``args.argus`` for the
-    observer. Raises ValueError when ``model.replicas < 1`` (a suspended or zero-replica
+    observer, with the spec fields it hashes (``args.argus.spec``: a later plan names each
+    changed field). Raises ValueError when ``model.replicas < 1`` (a suspended or zero-replica
     model has no application; Serve rejects ``num_replicas: 0``).
     """
     if model.replicas < 1:
@@ -114,6 +115,7 @@ def model_app_config(model: ModelSpec, cluster: ClusterSpec, source_path: str, s
                 "name": model.key.name,
                 "spec_hash": spec_hash,
                 "served_name": served,
+                "spec": model_spec_fields(model, cluster, source_path if model.source_task else None),
             },
             "llm_config": llm_config(model, cluster, source_path),
         },

@@ -21,6 +21,7 @@ from typing import Any
 from reconciler.builders.jobs import (
     LABEL_RESOURCES,
     LABEL_REVISION,
+    LABEL_SPEC,
     LABEL_SPEC_HASH,
     LABEL_TASK,
     LABEL_USER,
@@ -118,6 +119,7 @@ def _to_actual(info: Mapping[str, Any], ownership_key: bytes, paths: Paths | Non
         start_time=info.get("start_time") or None,
         end_time=info.get("end_time") or None,
         revision=meta.get(LABEL_REVISION) or None,
+        spec=_recorded_spec(meta.get(LABEL_SPEC)),
     )
 
 
@@ -133,6 +135,18 @@ def checkpoint_of(paths: Paths, user: str, task: str, sid: str) -> str | None:
         return resolve_path(found, user, paths, LocalFS())
     except PathError:
         return None
+
+
+def _recorded_spec(text: object) -> dict[str, Any] | None:
+    """The task spec a run was submitted with (``argus-spec``), for field-level diffs; None
+    when absent or unreadable (older runs): a diff is a courtesy, never a reason to fail."""
+    if not isinstance(text, str):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def job_resources(info: Mapping[str, Any]) -> dict[str, float]:

@@ -165,6 +165,7 @@ def _actual_model(name: str, app: Mapping[str, Any], config: Mapping[str, Any]) 
         status=str(app.get("status", "")),
         message=message,
         resources_per_replica=resources_per_replica(llm),
+        spec=meta.get("spec") if isinstance(meta.get("spec"), Mapping) else None,
     )
 
 

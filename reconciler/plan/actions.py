@@ -14,9 +14,11 @@ class ActionType(StrEnum):
     UPDATE_MODEL = "update_model"  # needs a restart: source, engine, GPUs or env changed
     SCALE_MODEL = "scale_model"  # replicas only: in place
     DELETE_MODEL = "delete_model"
+    STOP_MODEL = "stop_model"  # replicas: 0: the Serve app goes, the name, file and status stay
     SUBMIT_TASK = "submit_task"
     STOP_TASK = "stop_task"
     QUEUE = "queue"  # not admitted; the reason names the shortfall
+    UNSCHEDULABLE = "unschedulable"  # larger than the whole cluster or the user's quota: never admitted as written
     KEEP = "keep"  # left exactly as it runs (invalid file, suspended, held deletion)
 
 
@@ -24,15 +26,17 @@ class ActionType(StrEnum):
 ORDER = {
     ActionType.STOP_TASK: 0,
     ActionType.DELETE_MODEL: 1,
+    ActionType.STOP_MODEL: 1,
     ActionType.UPDATE_MODEL: 2,
     ActionType.SCALE_MODEL: 3,
     ActionType.DEPLOY_MODEL: 4,
     ActionType.SUBMIT_TASK: 5,
     ActionType.QUEUE: 6,
-    ActionType.KEEP: 7,
+    ActionType.UNSCHEDULABLE: 7,
+    ActionType.KEEP: 8,
 }
 
-CHANGES = frozenset(ORDER) - {ActionType.KEEP, ActionType.QUEUE}
+CHANGES = frozenset(ORDER) - {ActionType.KEEP, ActionType.QUEUE, ActionType.UNSCHEDULABLE}
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class Action:
     source_path: str | None = None  # resolved model folder (deploy/update/scale)
     submission_id: str | None = None  # job to submit or stop
     demand: Mapping[str, float] = field(default_factory=dict)  # resources this action adds
+    held: bool = False  # a deletion or stop the mass-deletion guard holds back
+    changed: tuple[str, ...] = ()  # field-level diff, "field: old → new" (update_model, stop_task)
 
     @property
     def sort_key(self) -> tuple[int, ObjectKey, str]:
@@ -60,21 +66,37 @@ class Action:
                 out[name] = value
         if self.demand:
             out["demand"] = dict(self.demand)
+        if self.held:
+            out["held"] = True
+        if self.changed:
+            out["changed"] = list(self.changed)
         return out
 
 
 @dataclass
 class Plan:
-    """Ordered actions plus plan-wide notes (guard held deletions, cluster.yaml invalid, ...)."""
+    """Ordered actions plus plan-wide notes (guard held deletions, cluster.yaml invalid, ...).
+
+    ``first_seen``: the admission order time of every desired object (the recorded first
+    sighting, or the planner's ``now`` for objects seen for the first time), for the status
+    branch to record. ``frozen``: cluster.yaml is invalid, so nothing at all is applied.
+    """
 
     actions: list[Action] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     deletions_held: bool = False
+    frozen: bool = False
+    first_seen: dict[ObjectKey, int] = field(default_factory=dict)
 
     @property
     def has_changes(self) -> bool:
         """True when anything is to be applied or is waiting (terraform's exit code 2)."""
         return any(a.type is not ActionType.KEEP for a in self.actions)
+
+    @property
+    def held(self) -> list[Action]:
+        """Deletions (and stops) the mass-deletion guard holds back."""
+        return [a for a in self.actions if a.type is ActionType.KEEP and a.held]
 
     def of(self, *types: ActionType) -> list[Action]:
         return [a for a in self.actions if a.type in types]
@@ -86,6 +108,7 @@ class Plan:
         return {
             "changes": self.has_changes,
             "deletions_held": self.deletions_held,
+            "frozen": self.frozen,
             "notes": list(self.notes),
             "actions": [a.to_json() for a in self.actions],
         }

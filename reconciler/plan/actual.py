@@ -8,7 +8,11 @@ JSON form (documented in the README)::
      "jobs": [{"submission_id": "argus--alice--grpo--1a2b3c4d", "user": "alice", "task": "grpo",
                "spec_hash": "...", "status": "RUNNING", "message": "", "resources": {"GPU": 2},
                "hf_checkpoint": null, "start_time": 0, "end_time": null}],
-     "capacity": {"total": {"GPU": 8, "CPU": 64}, "available": {"GPU": 4, "CPU": 40}}}
+     "capacity": {"total": {"GPU": 8, "CPU": 64}, "available": {"GPU": 4, "CPU": 40}},
+     "first_seen": {"alice/tasks/grpo": 1767225600}}
+
+``spec`` (optional, on models and jobs) is the spec the object was deployed or submitted with,
+for field-level diffs; ``first_seen`` (optional) is when the daemon first saw each object.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class ActualModel:
     status: str = "DEPLOYING"  # Serve application status
     message: str = ""
     resources_per_replica: Resources = field(default_factory=dict)
+    spec: Mapping[str, Any] | None = None  # the spec fields it was deployed with (field-level diffs)
 
     def placed(self) -> dict[str, float]:
         """Resources Ray already counts as used by this model (its running replicas)."""
@@ -66,6 +71,7 @@ class ActualJob:
     start_time: int | None = None  # epoch ms, as Ray reports
     end_time: int | None = None
     revision: str | None = None
+    spec: Mapping[str, Any] | None = None  # the task spec it was submitted with (field-level diffs)
 
     @property
     def active(self) -> bool:
@@ -100,6 +106,9 @@ class ActualState:
     capacity: Capacity = field(default_factory=Capacity)
     recorded_runs: list[ActualJob] = field(default_factory=list)
     foreign_ids: frozenset[str] = frozenset()
+    # When the daemon first saw each object (UTC epoch seconds), from the status branch: the
+    # first-come-first-served order, which an author cannot change by back-dating commits.
+    first_seen: dict[ObjectKey, int] = field(default_factory=dict)
 
     def jobs_of(self, key: ObjectKey) -> list[ActualJob]:
         return [j for j in self.jobs if j.key == key]
@@ -136,6 +145,7 @@ class ActualState:
                     "status": m.status,
                     "message": m.message,
                     "resources_per_replica": dict(m.resources_per_replica),
+                    **({"spec": dict(m.spec)} if m.spec is not None else {}),
                 }
                 for m in sorted(self.models.values(), key=lambda m: m.key)
             ],
@@ -152,6 +162,7 @@ class ActualState:
                     "start_time": j.start_time,
                     "end_time": j.end_time,
                     "revision": j.revision,
+                    **({"spec": dict(j.spec)} if j.spec is not None else {}),
                 }
                 for j in sorted(self.jobs, key=lambda j: j.submission_id)
             ],
@@ -168,6 +179,7 @@ class ActualState:
                 for j in sorted(self.recorded_runs, key=lambda j: j.submission_id)
             ],
             "foreign_ids": sorted(self.foreign_ids),
+            **({"first_seen": {str(k): v for k, v in sorted(self.first_seen.items())}} if self.first_seen else {}),
         }
 
     @classmethod
@@ -186,6 +198,7 @@ class ActualState:
                     status=m.get("status", "RUNNING"),
                     message=m.get("message", ""),
                     resources_per_replica={k: float(v) for k, v in m.get("resources_per_replica", {}).items()},
+                    spec=_mapping(m.get("spec")),
                 )
             jobs = [
                 ActualJob(
@@ -199,6 +212,7 @@ class ActualState:
                     start_time=j.get("start_time"),
                     end_time=j.get("end_time"),
                     revision=j.get("revision"),
+                    spec=_mapping(j.get("spec")),
                 )
                 for j in data.get("jobs", [])
             ]
@@ -213,6 +227,7 @@ class ActualState:
                 for j in data.get("recorded_runs", [])
             ]
             foreign = frozenset(str(s) for s in data.get("foreign_ids", []))
+            first_seen = {ObjectKey.parse(k): int(v) for k, v in (data.get("first_seen") or {}).items()}
             cap = data.get("capacity", {})
             capacity = Capacity(
                 total={k: float(v) for k, v in cap.get("total", {}).items()},
@@ -221,7 +236,19 @@ class ActualState:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             what = f"missing field {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
             raise PermanentError(f"actual-state JSON is malformed: {what}") from exc
-        return cls(models=models, jobs=jobs, capacity=capacity, recorded_runs=recorded, foreign_ids=foreign)
+        return cls(
+            models=models,
+            jobs=jobs,
+            capacity=capacity,
+            recorded_runs=recorded,
+            foreign_ids=foreign,
+            first_seen=first_seen,
+        )
+
+
+def _mapping(value: object) -> Mapping[str, Any] | None:
+    """A recorded spec, when it is a mapping (anything else is ignored: diffs are a courtesy)."""
+    return dict(value) if isinstance(value, Mapping) else None
 
 
 def scale(resources: Resources, n: float) -> dict[str, float]:

@@ -1,8 +1,9 @@
 """Health and sync of every object after a tick. Pure.
 
 Two separate questions, as in Argo CD: ``state`` is health (what runs: QUEUED, DEPLOYING,
-RUNNING, FAILED, DELETING for models; QUEUED, SUBMITTED, PENDING, RUNNING, SUCCEEDED,
-FAILED, STOPPED, LOST (Ray forgot it while it ran) for tasks; INVALID/SUSPENDED when nothing
+RUNNING, FAILED, DELETING, STOPPED (``replicas: 0``) for models; QUEUED, SUBMITTED, PENDING,
+RUNNING, SUCCEEDED, FAILED, STOPPED, LOST (Ray forgot it while it ran) for tasks;
+INVALID/SUSPENDED/UNSCHEDULABLE when nothing
 runs), ``sync`` is whether what runs matches git (Synced, OutOfSync, Invalid, Suspended, Held).
 """
 
@@ -102,7 +103,7 @@ def _sync(key: ObjectKey, desired: DesiredState, actions: list[Action]) -> str:
     spec = desired.models.get(key) or desired.tasks.get(key)
     if spec is not None and spec.suspend:
         return "Suspended"
-    if any(a.type is ActionType.KEEP and "guard" in a.reason for a in actions):
+    if any(a.held for a in actions):
         return "Held"
     return "OutOfSync" if any(a.type is not ActionType.KEEP for a in actions) else "Synced"
 
@@ -122,12 +123,17 @@ def _model(
         status.reason = live.message
     reasons = [a.reason for a in actions]
     kinds = {a.type for a in actions}
-    if done and ActionType.DELETE_MODEL in kinds:
+    if done and kinds & {ActionType.DELETE_MODEL, ActionType.STOP_MODEL}:
         status.state = "DELETING"
     elif done and kinds & {ActionType.DEPLOY_MODEL, ActionType.UPDATE_MODEL}:
         status.state = "DEPLOYING"
     elif ActionType.QUEUE in kinds and live is None:
         status.state = "QUEUED"
+    elif ActionType.UNSCHEDULABLE in kinds and live is None:
+        status.state = "UNSCHEDULABLE"
+    elif live is None and spec is not None and spec.replicas == 0 and not spec.suspend:
+        status.state = "STOPPED"
+        status.reason = status.reason or "replicas: 0 (stopped; raise replicas to deploy it again under the same name)"
     elif live is None and key in desired.invalid:
         status.state = "INVALID"
     elif live is None and spec is not None and spec.suspend:
@@ -159,6 +165,8 @@ def _task(
         status.gpus = submit.demand.get("GPU", 0.0)
     elif ActionType.QUEUE in kinds and current is None:
         status.state = "QUEUED"
+    elif ActionType.UNSCHEDULABLE in kinds and current is None:
+        status.state = "UNSCHEDULABLE"
     elif current is None and key in desired.invalid:
         status.state = "INVALID"
     elif current is None and spec is not None and spec.suspend:

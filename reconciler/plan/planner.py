@@ -11,9 +11,12 @@ Rules, in the order they apply:
    whatever its final status, whether Ray or only the status branch remembers it (a run
    Ray forgot while it ran is LOST, final too); a changed spec stops the old run and
    submits the new one, under an id no foreign job holds.
-5. New work and scale-ups are admitted first come, first served (by the time the file first
-   appeared in git) within free capacity and per-user GPU quotas; the rest is queued.
-6. The mass-deletion guard holds back deletions unless the head commit approves them.
+5. ``replicas: 0`` stops a model: its Serve application goes, its name, file and status stay.
+   This is the owner's explicit edit, not a removed file: the mass-deletion guard ignores it.
+6. New work and scale-ups are admitted first come, first served (by the time the daemon first
+   saw the object) within free capacity and per-user GPU quotas; the rest is queued, and what
+   can never fit is unschedulable (:mod:`reconciler.plan.admission`).
+7. The mass-deletion guard holds back deletions unless the head commit approves them.
 """
 
 from __future__ import annotations
@@ -23,9 +26,13 @@ from dataclasses import dataclass, replace
 
 from reconciler.plan.actions import Action, ActionType, Plan
 from reconciler.plan.actual import ActualJob, ActualState, Capacity, Resources, scale, sub
+from reconciler.plan.admission import Candidate, admit, free_capacity, order_time
 from reconciler.plan.demand import model_resources_per_replica, task_resources
-from reconciler.spec.hashing import model_spec_hash, submission_id, task_spec_hash
+from reconciler.plan.diff import field_diff, summarise
+from reconciler.spec.hashing import model_spec_fields, model_spec_hash, submission_id, task_spec_fields, task_spec_hash
 from reconciler.spec.types import DesiredState, ObjectKey, TaskSpec
+
+__all__ = ["APPROVE_HINT", "free_capacity", "latest_success", "plan"]
 
 APPROVE_HINT = (
     "push a commit whose message has the trailer `Argus-Approve-Prune: yes` (or run `argus plan --approve-prune`)"
@@ -33,33 +40,53 @@ APPROVE_HINT = (
 
 
 @dataclass(frozen=True)
-class _Candidate:
-    """New work waiting for admission."""
+class _Order:
+    """First-come-first-served inputs: recorded first sightings and the tick's clock."""
 
-    created_at: int
-    action: Action
+    first_seen: Mapping[ObjectKey, int]
+    now: int | None
+
+    def of(self, key: ObjectKey, created_at: int) -> tuple[int, int]:
+        return (order_time(key, created_at, self.first_seen, self.now), created_at)
 
 
-def plan(desired: DesiredState, actual: ActualState, capacity: Capacity | None = None) -> Plan:
+def plan(
+    desired: DesiredState,
+    actual: ActualState,
+    capacity: Capacity | None = None,
+    *,
+    first_seen: Mapping[ObjectKey, int] | None = None,
+    now: int | None = None,
+) -> Plan:
     """Return the ordered :class:`Plan` that makes ``actual`` match ``desired``.
 
     ``capacity`` defaults to ``actual.capacity``; empty capacity means "unknown" and admits
-    everything (noted in the plan). Raises nothing for bad input: it was reported by the loader.
+    everything (noted in the plan). ``first_seen`` (default ``actual.first_seen``) is when the
+    daemon first saw each object, the admission order; objects it lacks were first seen
+    ``now`` (the caller's clock: the planner has none), or at their commit time when ``now``
+    is None. Raises nothing for bad input: it was reported by the loader.
     """
     capacity = capacity if capacity is not None else actual.capacity
+    seen = first_seen if first_seen is not None else actual.first_seen
     result = Plan()
+    if now is not None or seen:
+        result.first_seen = {k: order_time(k, m.created_at, seen, now) for k, m in desired.models.items()}
+        result.first_seen.update({k: order_time(k, t.created_at, seen, now) for k, t in desired.tasks.items()})
+        result.first_seen.update({k: seen[k] for k in desired.invalid if k in seen})
     if not desired.cluster_valid:
-        result.notes.append("cluster.yaml is invalid: nothing is changed until it is fixed")
+        result.frozen = True
+        result.notes.append("cluster.yaml is invalid: nothing will be applied until it is fixed")
         for key in sorted(_owned_keys(actual)):
             result.actions.append(Action(ActionType.KEEP, key, "kept as it runs: cluster.yaml is invalid"))
         return result
 
+    order = _Order(seen, now)
     direct: list[Action] = []
-    candidates: list[_Candidate] = []
+    candidates: list[Candidate] = []
     deletions: list[Action] = []
-    _plan_models(desired, actual, direct, candidates, deletions)
-    _plan_tasks(desired, actual, direct, candidates, deletions)
-    direct.extend(_admit(desired, actual, capacity, candidates, result))
+    _plan_models(desired, actual, direct, candidates, deletions, order)
+    _plan_tasks(desired, actual, direct, candidates, deletions, order)
+    direct.extend(admit(desired, actual, capacity, candidates, result))
     direct.extend(_guard(desired, actual, deletions, result))
     result.actions = sorted(direct, key=lambda a: a.sort_key)
     return result
@@ -71,7 +98,12 @@ def _first_issue(desired: DesiredState, key: ObjectKey) -> str:
 
 
 def _plan_models(
-    desired: DesiredState, actual: ActualState, out: list[Action], cands: list[_Candidate], deletions: list[Action]
+    desired: DesiredState,
+    actual: ActualState,
+    out: list[Action],
+    cands: list[Candidate],
+    deletions: list[Action],
+    order: _Order,
 ) -> None:
     cluster = desired.cluster
     invalid = {k for k in desired.invalid if k.kind == "model"}
@@ -90,6 +122,11 @@ def _plan_models(
         if spec.suspend:
             out.append(Action(ActionType.KEEP, key, "suspended: left exactly as it is"))
             continue
+        if spec.replicas == 0:
+            if live is not None:
+                reason = f"replicas: 0: stopping {spec.served_name} (its name, file and status are kept)"
+                out.append(Action(ActionType.STOP_MODEL, key, reason, replicas=0))
+            continue  # stopped: nothing to resolve, nothing to admit
         checkpoint, source_path = None, spec.source_path
         if spec.source_task:
             task_key = ObjectKey(key.user, "task", spec.source_task)
@@ -106,26 +143,44 @@ def _plan_models(
         digest = model_spec_hash(spec, cluster, checkpoint)
         per_replica = model_resources_per_replica(spec, cluster)
         kind, demand = ActionType.SCALE_MODEL, {}
+        changed: tuple[str, ...] = ()
+        plural = "s" if spec.replicas > 1 else ""
         if live is None:
             kind, demand = ActionType.DEPLOY_MODEL, scale(per_replica, spec.replicas)
-            reason = f"new model {spec.served_name} ({spec.replicas} replica{'s' if spec.replicas > 1 else ''})"
+            reason = f"new model {spec.served_name} ({spec.replicas} replica{plural})"
         elif live.spec_hash != digest:
             kind, demand = ActionType.UPDATE_MODEL, _positive(sub(scale(per_replica, spec.replicas), live.committed()))
-            reason = "spec changed (source, engine_kwargs, GPUs or env): restart with the new config"
+            changed = _model_changes(live.spec, model_spec_fields(spec, cluster, checkpoint))
+            if live.replicas != spec.replicas:
+                changed = (*changed, f"replicas: {live.replicas} → {spec.replicas}")
+            what = summarise(changed) if changed else "source, engine_kwargs, GPUs or env (not recorded by the app)"
+            reason = f"spec changed: {what}: restart with the new config"
         elif live.replicas != spec.replicas:
             demand = scale(per_replica, max(0, spec.replicas - live.replicas))
-            reason = f"replicas {live.replicas} -> {spec.replicas} (in place)"
+            reason = f"replicas {live.replicas} → {spec.replicas} (in place)"
         else:
             continue  # in sync
-        action = Action(kind, key, reason, digest, spec.replicas, source_path, demand=demand)
+        action = Action(kind, key, reason, digest, spec.replicas, source_path, demand=demand, changed=changed)
         if demand:
-            cands.append(_Candidate(spec.created_at, action))
+            cands.append(Candidate(order.of(key, spec.created_at), action, scale(per_replica, spec.replicas)))
         else:
             out.append(action)  # scale-down: frees capacity, needs no admission
 
 
+def _model_changes(old: Mapping[str, object] | None, new: Mapping[str, object]) -> tuple[str, ...]:
+    """Field-level diff against what the app recorded; () when it recorded nothing."""
+    if old is None:
+        return ()
+    return field_diff(old, new)
+
+
 def _plan_tasks(
-    desired: DesiredState, actual: ActualState, out: list[Action], cands: list[_Candidate], deletions: list[Action]
+    desired: DesiredState,
+    actual: ActualState,
+    out: list[Action],
+    cands: list[Candidate],
+    deletions: list[Action],
+    order: _Order,
 ) -> None:
     invalid = {k for k in desired.invalid if k.kind == "task"}
     jobs_by_key = _jobs_by_key(actual)  # one pass: actual.jobs_of() per task is quadratic
@@ -156,12 +211,15 @@ def _plan_tasks(
         digest, sid = task_spec_hash(spec), _free_submission_id(spec, actual.foreign_ids)
         for job in jobs:
             if job.active and job.spec_hash != digest and job.submission_id != sid:
+                changed = field_diff(job.spec, task_spec_fields(spec)) if job.spec is not None else ()
+                what = f" ({summarise(changed)})" if changed else ""
                 out.append(
                     Action(
                         ActionType.STOP_TASK,
                         key,
-                        f"spec changed: stopping the old run {job.submission_id}",
+                        f"spec changed: stopping the old run {job.submission_id}{what}",
                         submission_id=job.submission_id,
+                        changed=changed,
                     )
                 )
         if any(j.submission_id == sid or j.spec_hash == digest for j in jobs):
@@ -171,7 +229,7 @@ def _plan_tasks(
         if sid != submission_id(spec):
             reason += f"; {submission_id(spec)} is held by a job argus did not submit"
         action = Action(ActionType.SUBMIT_TASK, key, reason, spec_hash=digest, submission_id=sid, demand=demand)
-        cands.append(_Candidate(spec.created_at, action))
+        cands.append(Candidate(order.of(key, spec.created_at), action, demand))
 
 
 def _by_name(key: ObjectKey) -> tuple[str, str, str]:
@@ -210,95 +268,6 @@ def _positive(res: Resources) -> dict[str, float]:
     return {k: v for k, v in res.items() if v > 0}
 
 
-def _fmt(res: Mapping[str, float]) -> str:
-    return ", ".join(f"{v:g} {k}" for k, v in sorted(res.items()) if v) or "nothing"
-
-
-def _accounting(actual: ActualState) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
-    """One pass over owned objects: (granted but not placed, committed, GPUs held per user).
-
-    Written with plain loops: at 10,000 owned objects, building per-object dicts dominated
-    the re-plan time.
-    """
-    unplaced: dict[str, float] = {}
-    committed: dict[str, float] = {}
-    used: dict[str, float] = {}
-    for model in actual.models.values():
-        waiting = max(0, model.replicas - model.ready_replicas)
-        for r, v in model.resources_per_replica.items():
-            committed[r] = committed.get(r, 0.0) + v * model.replicas
-            if waiting:
-                unplaced[r] = unplaced.get(r, 0.0) + v * waiting
-        gpus = model.resources_per_replica.get("GPU", 0.0) * model.replicas
-        used[model.key.user] = used.get(model.key.user, 0.0) + gpus
-    for job in actual.jobs:
-        if not job.active:
-            continue
-        for r, v in job.resources.items():
-            committed[r] = committed.get(r, 0.0) + v
-            if job.status != "RUNNING":
-                unplaced[r] = unplaced.get(r, 0.0) + v
-        used[job.key.user] = used.get(job.key.user, 0.0) + job.resources.get("GPU", 0.0)
-    return unplaced, committed, used
-
-
-def free_capacity(actual: ActualState, capacity: Capacity) -> dict[str, float]:
-    """What new work may take: Ray's available resources minus what owned objects were
-    granted but have not placed yet, capped by total minus everything owned objects hold."""
-    unplaced, committed, _ = _accounting(actual)
-    cap = sub(capacity.total, committed)
-    return {k: max(0.0, min(v, cap.get(k, v))) for k, v in sub(capacity.available, unplaced).items()}
-
-
-def _admit(
-    desired: DesiredState, actual: ActualState, capacity: Capacity, cands: list[_Candidate], result: Plan
-) -> list[Action]:
-    out: list[Action] = []
-    if not cands:  # steady state: nothing waits for admission, no accounting needed
-        return out
-    known = bool(capacity.total or capacity.available)
-    if not known:
-        result.notes.append("capacity unknown (no capacity in the actual state): admission not checked")
-    unplaced, committed, used = _accounting(actual)
-    cap = sub(capacity.total, committed)
-    free = {k: max(0.0, min(v, cap.get(k, v))) for k, v in sub(capacity.available, unplaced).items()}
-    blocked: dict[str, ObjectKey] = {}  # resource -> first object queued for lack of it
-    for cand in sorted(cands, key=lambda c: (c.created_at, *_by_name(c.action.key))):
-        action, user = cand.action, cand.action.key.user
-        gpus = action.demand.get("GPU", 0.0)
-        quota = desired.cluster.quota(user)
-        if quota is not None and gpus and used.get(user, 0.0) + gpus > quota:
-            reason = f"user quota: needs {gpus:g} GPU, {user} holds {used.get(user, 0.0):g} of {quota} GPUs"
-            out.append(_queued(action, reason))
-            continue
-        if known:
-            short = {r: v - free.get(r, 0.0) for r, v in action.demand.items() if v > free.get(r, 0.0) + 1e-9}
-            behind = sorted(r for r, v in action.demand.items() if v > 0 and r in blocked)
-            if short:
-                have = ", ".join(f"{free.get(r, 0.0):g} {r}" for r in sorted(short))
-                reason = f"insufficient capacity: needs {_fmt(action.demand)}, free {have} (short by {_fmt(short)})"
-                out.append(_queued(action, reason))
-                for r in short:
-                    blocked.setdefault(r, action.key)
-                continue
-            if behind:
-                firsts = ", ".join(f"{blocked[r]} ({r})" for r in behind)
-                out.append(_queued(action, f"first come, first served: waiting behind {firsts}"))
-                continue
-            free = sub(free, action.demand)
-        used[user] = used.get(user, 0.0) + gpus
-        out.append(action)
-    return out
-
-
-def _queued(action: Action, reason: str) -> Action:
-    what = {
-        ActionType.SCALE_MODEL: "scale-up queued",
-        ActionType.UPDATE_MODEL: "update queued (old version keeps running)",
-    }.get(action.type)
-    return replace(action, type=ActionType.QUEUE, reason=f"{what}: {reason}" if what else reason)
-
-
 def _guard(desired: DesiredState, actual: ActualState, deletions: list[Action], result: Plan) -> list[Action]:
     """Hold back mass deletions (Flux/Argo CD's most-reported disaster) unless approved."""
     if not deletions:
@@ -321,5 +290,6 @@ def _guard(desired: DesiredState, actual: ActualState, deletions: list[Action], 
     result.deletions_held = True
     result.notes.append(f"mass-deletion guard: no deletion applied because {why}; to approve, {APPROVE_HINT}")
     return [
-        replace(a, type=ActionType.KEEP, reason=f"deletion held by the mass-deletion guard ({why})") for a in deletions
+        replace(a, type=ActionType.KEEP, reason=f"deletion held by the mass-deletion guard ({why})", held=True)
+        for a in deletions
     ]

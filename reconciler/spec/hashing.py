@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
 
 from reconciler.spec.types import ClusterSpec, ModelSpec, TaskSpec
 
@@ -20,6 +19,26 @@ def model_env(model: ModelSpec, cluster: ClusterSpec) -> dict[str, str]:
     return {**cluster.env, **model.env}
 
 
+def model_spec_fields(model: ModelSpec, cluster: ClusterSpec, checkpoint: str | None = None) -> dict[str, object]:
+    """Everything that needs a restart when it changes (not ``replicas``), as plain JSON data.
+
+    What :func:`model_spec_hash` hashes, and what a deployed app records so that a later plan
+    can say which field changed and how.
+    """
+    serving = cluster.serving
+    return {
+        "served_name": model.served_name,
+        "source": model.source,
+        "checkpoint": checkpoint,
+        "gpus_per_replica": model.gpus_per_replica,
+        "engine_kwargs": dict(model.engine_kwargs),
+        "env": model_env(model, cluster),
+        "accelerator": serving.accelerator,
+        "accelerator_type": serving.accelerator_type if serving.accelerator == "gpu" else None,
+        "cpus_per_replica": serving.cpus_per_replica,
+    }
+
+
 def model_spec_hash(model: ModelSpec, cluster: ClusterSpec, checkpoint: str | None = None) -> str:
     """Hash of everything that needs a restart when it changes (not ``replicas``).
 
@@ -29,22 +48,15 @@ def model_spec_hash(model: ModelSpec, cluster: ClusterSpec, checkpoint: str | No
     memo = model.__dict__.get("_argus_hash")  # (cluster, checkpoint, digest): see _remember
     if memo is not None and memo[0] is cluster and memo[1] == checkpoint:
         return memo[2]  # type: ignore[no-any-return]
-    serving = cluster.serving
-    digest = stable_hash(
-        {
-            "served_name": model.served_name,
-            "source": model.source,
-            "checkpoint": checkpoint,
-            "gpus_per_replica": model.gpus_per_replica,
-            "engine_kwargs": dict(model.engine_kwargs),
-            "env": model_env(model, cluster),
-            "accelerator": serving.accelerator,
-            "accelerator_type": serving.accelerator_type if serving.accelerator == "gpu" else None,
-            "cpus_per_replica": serving.cpus_per_replica,
-        }
-    )[:16]
+    digest = stable_hash(model_spec_fields(model, cluster, checkpoint))[:16]
     _remember(model, (cluster, checkpoint, digest))
     return digest
+
+
+def task_spec_fields(task: TaskSpec) -> dict[str, object]:
+    """The task file's normalised spec without ``suspend``/``kind``: what :func:`task_spec_hash`
+    hashes, and what a submitted job records for field-level diffs."""
+    return {k: v for k, v in task.raw.items() if k not in ("suspend", "kind")}
 
 
 def task_spec_hash(task: TaskSpec) -> str:
@@ -56,8 +68,7 @@ def task_spec_hash(task: TaskSpec) -> str:
     memo = task.__dict__.get("_argus_hash")
     if memo is not None:
         return memo  # type: ignore[no-any-return]
-    spec: Mapping[str, object] = {k: v for k, v in task.raw.items() if k not in ("suspend", "kind")}
-    digest = stable_hash(spec)[:16]
+    digest = stable_hash(task_spec_fields(task))[:16]
     _remember(task, digest)
     return digest
 

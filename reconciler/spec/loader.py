@@ -18,6 +18,7 @@ from reconciler.spec import schema
 from reconciler.spec.overrides import check_engine_kwargs, check_overrides, field_name
 from reconciler.spec.paths import FileSystem, PathError, resolve_path, resolve_source
 from reconciler.spec.types import (
+    Admission,
     ClusterSpec,
     DesiredState,
     Kind,
@@ -366,8 +367,16 @@ def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
     if "admins" in sec:
         sec["admins"] = tuple(sec["admins"])
     security = Security(**sec)
+    admission = Admission(**data.get("admission", {}))
     return ClusterSpec(
-        users=users, paths=paths, serving=serving, training=training, env=env, prune=prune, security=security
+        users=users,
+        paths=paths,
+        serving=serving,
+        training=training,
+        env=env,
+        prune=prune,
+        security=security,
+        admission=admission,
     )
 
 

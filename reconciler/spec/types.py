@@ -78,6 +78,18 @@ class Prune:
 
 
 @dataclass(frozen=True)
+class Admission:
+    """How waiting work is admitted (``admission:`` in cluster.yaml).
+
+    BestEffortFIFO (default, as Kueue's): oldest first, but a later request that fits may start
+    while an earlier one waits for more resources. StrictFIFO: once a request waits for a
+    resource, every later request for that resource waits behind it (no starvation of big jobs).
+    """
+
+    policy: Literal["BestEffortFIFO", "StrictFIFO"] = "BestEffortFIFO"
+
+
+@dataclass(frozen=True)
 class Security:
     require_signed_commits: bool = False
     allowed_signers: str | None = None
@@ -95,6 +107,7 @@ class ClusterSpec:
     env: Mapping[str, str] = field(default_factory=lambda: {"HF_HUB_OFFLINE": "1"})
     prune: Prune = field(default_factory=Prune)
     security: Security = field(default_factory=Security)
+    admission: Admission = field(default_factory=Admission)
 
     def quota(self, user: str) -> int | None:
         if self.users is None:

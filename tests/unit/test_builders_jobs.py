@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import replace
 
@@ -10,7 +11,7 @@ import pytest
 from reconciler.builders.jobs import job_submission, ownership_proof, proof_valid, run_dir, verl_argv
 from reconciler.checks.verl_overrides import check_overrides, verl_available
 from reconciler.errors import PermanentError
-from reconciler.spec.hashing import submission_id, task_spec_hash
+from reconciler.spec.hashing import submission_id, task_spec_fields, task_spec_hash
 from reconciler.spec.types import ClusterSpec, Paths, TaskSpec, Training
 from tests.support import task_spec
 
@@ -161,7 +162,10 @@ def test_verl_submission_body() -> None:
         "argus-resources": '{"GPU":2.0,"worker_node":1.0}',
         "argus-workload": "grpo",
         "argus-proof": ownership_proof(key, sid=sid, user="alice", task="grpo", spec_hash=task_spec_hash(task)),
+        "argus-spec": body["metadata"]["argus-spec"],
     }
+    recorded = json.loads(body["metadata"]["argus-spec"])  # for field-level diffs
+    assert recorded == json.loads(json.dumps(task_spec_fields(task)))
     assert all(isinstance(v, str) for v in body["metadata"].values())
     assert proof_valid(key, sid, body["metadata"])
 

@@ -20,7 +20,7 @@ from reconciler.builders.serve import (
 )
 from reconciler.observe.serve import parse_serve_details, resources_per_replica
 from reconciler.plan.demand import model_resources_per_replica
-from reconciler.spec.hashing import model_spec_hash
+from reconciler.spec.hashing import model_spec_fields, model_spec_hash
 from reconciler.spec.types import ClusterSpec, ModelSpec, ObjectKey, Serving
 
 CPU = ClusterSpec(serving=Serving(accelerator="cpu", cpus_per_replica=2.0, http_port=8123))
@@ -56,7 +56,14 @@ def test_gpu_mode_config() -> None:
     assert app["route_prefix"] is None
     assert app["import_path"] == "reconciler.serve_apps.model_app:build_app"
     assert app["deployments"] == [{"name": "LLMServer:alice-202511291200-chat", "num_replicas": 3}]
-    assert app["args"]["argus"] == {"user": "alice", "name": "chat", "spec_hash": "h1", "served_name": m.served_name}
+    meta = app["args"]["argus"]
+    assert {k: v for k, v in meta.items() if k != "spec"} == {
+        "user": "alice",
+        "name": "chat",
+        "spec_hash": "h1",
+        "served_name": m.served_name,
+    }
+    assert meta["spec"] == model_spec_fields(m, GPU)  # what the hash covers, for field-level diffs
     llm = app["args"]["llm_config"]
     assert llm["model_loading_config"] == {"model_id": m.served_name, "model_source": "/hf/snap"}
     assert llm["engine_kwargs"] == {"max_model_len": 4096, "tensor_parallel_size": 2}
@@ -153,6 +160,7 @@ def test_observer_parses_owned_foreign_and_imperative() -> None:
     actual = obs.models[m.key]
     assert (actual.replicas, actual.ready_replicas, actual.status) == (2, 1, "RUNNING")
     assert actual.spec_hash == "h" and actual.served_name == m.served_name
+    assert actual.spec == model_spec_fields(m, CPU)  # read back for field-level diffs
     assert dict(actual.resources_per_replica) == {"CPU": 2.0}
     assert obs.foreign_apps() == {"other": foreign}
     assert obs.imperative == {"manual"} and "manual" not in obs.apps

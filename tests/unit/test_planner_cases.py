@@ -13,7 +13,8 @@ Each case folder holds:
   every note listed must appear (and no note at all when the list is empty);
 - ``created.json`` (optional): path -> UTC epoch of the commit that added it (first come, first
   served order); other paths get ``DEFAULT_TIME``;
-- ``options.json`` (optional): ``{"approve_prune": true}``.
+- ``options.json`` (optional): ``{"approve_prune": true}`` for the loader, ``"now": <epoch>`` for the
+  planner's clock (objects without a ``first_seen`` entry in ``actual.json`` were first seen then).
 """
 
 from __future__ import annotations
@@ -46,17 +47,21 @@ def read_tree(root: Path) -> list[SourceFile]:
 
 
 def load_case(case: Path) -> tuple[DesiredState, ActualState, dict[str, Any]]:
-    """Load a case folder: (desired, actual with placeholders resolved, expected)."""
+    """Load a case folder: (desired, actual with placeholders resolved, expected); the planner's
+    keyword arguments (``now``) are in ``expected["plan_options"]``."""
     created_file = case / "created.json"
     created = json.loads(created_file.read_text()) if created_file.exists() else {}
     options_file = case / "options.json"
     options = json.loads(options_file.read_text()) if options_file.exists() else {}
+    plan_options = {k: options.pop(k) for k in ("now",) if k in options}
     repo = case / "repo"
     files = read_tree(repo) if repo.exists() else []
     desired = load(files, created=created, default_time=DEFAULT_TIME, fs=None, **options)
     raw_actual = json.loads((case / "actual.json").read_text())
     actual = ActualState.from_json(resolve_placeholders(raw_actual, desired))
-    return desired, actual, json.loads((case / "expected.json").read_text())
+    expected = json.loads((case / "expected.json").read_text())
+    expected["plan_options"] = plan_options
+    return desired, actual, expected
 
 
 def resolve_placeholders(raw: dict[str, Any], desired: DesiredState) -> dict[str, Any]:
@@ -98,7 +103,7 @@ def test_there_are_enough_cases() -> None:
 @pytest.mark.parametrize("name", case_names())
 def test_planner_case(name: str) -> None:
     desired, actual, expected = load_case(CASES / name)
-    result = plan(desired, actual)
+    result = plan(desired, actual, **expected["plan_options"])
     got = [(a.type.value, str(a.key), a.reason) for a in result.actions]
     want = expected["actions"]
     shown = "\n".join(f"  {t} {k}: {r}" for t, k, r in got) or "  (none)"
@@ -118,11 +123,13 @@ def test_planner_case(name: str) -> None:
     assert sorted({i.path for i in desired.issues}) == sorted(expected.get("invalid_files", []))
     # The plan's verdict agrees with the actions (terraform exit code 2 when anything is pending).
     assert result.has_changes == any(t != "keep" for t, _k, _r in got)
+    for key, when in expected.get("first_seen", {}).items():
+        assert result.first_seen.get(ObjectKey.parse(key)) == when, f"{key}: first_seen {result.first_seen}"
 
 
 def test_plan_is_sorted_by_the_one_order() -> None:
     """Across all cases, the actions come in the documented order (stops first ... keeps last)."""
     for name in case_names():
-        desired, actual, _ = load_case(CASES / name)
-        actions = plan(desired, actual).actions
+        desired, actual, expected = load_case(CASES / name)
+        actions = plan(desired, actual, **expected["plan_options"]).actions
         assert [a.sort_key for a in actions] == sorted(a.sort_key for a in actions), name
