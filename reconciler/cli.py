@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from reconciler.errors import ArgusError, Issue
 from reconciler.plan import render
 from reconciler.plan.actions import ActionType
 from reconciler.plan.actual import ActualState
+from reconciler.plan.admission import unschedulable
 from reconciler.plan.planner import plan as make_plan
 from reconciler.redact import redact_url
 from reconciler.source.directory import created_times, read_directory
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
 EPILOG = """\
 exit codes:
   validate  0 valid, 1 errors
-  plan      0 no changes, 2 changes pending, 1 errors
+  plan      0 no changes, 2 changes pending or deletions held, 1 errors
 
 examples:
   argus validate .                       check a config repository (all errors, as path:line)
@@ -92,6 +94,11 @@ def load_dir(directory: str, offline: bool, *, quiet: bool = False) -> DesiredSt
     Every check that was skipped is named on stderr (unless ``quiet``)."""
     if not os.path.isdir(directory):
         raise ArgusError(f"{directory}: not a directory")
+    if not (os.path.isfile(os.path.join(directory, "cluster.yaml")) or os.path.isdir(os.path.join(directory, "users"))):
+        raise ArgusError(
+            f"{directory}: not a config repository (no cluster.yaml and no users/ folder); "
+            "run argus at the repository's root or pass it as DIR"
+        )
     files = read_directory(directory)
     created, now = created_times(directory)
     fs: FileSystem | None = None if offline else LocalFS()
@@ -120,11 +127,26 @@ def load_dir(directory: str, offline: bool, *, quiet: bool = False) -> DesiredSt
     return state
 
 
+def _unschedulable_warnings(state: DesiredState) -> list[str]:
+    """Objects that ask for more GPUs than their user's quota: valid files, but they will never
+    run as written (``UNSCHEDULABLE``; they block nobody). The cluster's size is not known here."""
+    out = []
+    for key, why in unschedulable(state):
+        spec = state.models.get(key)
+        where = f"{key.path}:{spec.line}" if spec is not None else key.path
+        out.append(f"{where}: {why}: it will be UNSCHEDULABLE (it blocks nobody)")
+    return out
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     state = load_dir(args.dir, args.offline, quiet=args.format == "json")
+    warnings = _unschedulable_warnings(state)
     if args.format == "json":
-        print(json.dumps({"errors": [i.to_json() for i in state.issues], "objects": state.object_count}, indent=2))
+        out = {"errors": [i.to_json() for i in state.issues], "objects": state.object_count, "warnings": warnings}
+        print(json.dumps(out, indent=2))
     else:
+        for warning in warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         for issue in state.issues:
             print(issue, file=sys.stderr)
         if state.issues:
@@ -152,7 +174,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise ArgusError(f"{args.actual}: cannot read the actual state: {exc}") from exc
     state = load_dir(args.dir, args.offline, quiet=args.format == "json")
     state.approve_prune = state.approve_prune or args.approve_prune
-    result = make_plan(state, actual)
+    # Objects the actual state has no first sighting for would be first seen now, as the daemon
+    # would see them at merge: behind everything already waiting, whatever their commit dates.
+    result = make_plan(state, actual, now=int(time.time()))
     if any(a.type is ActionType.DEPLOY_MODEL for a in result.actions):
         result.notes.append(SQUASH_NOTE)
     issues: list[Issue] = state.issues
@@ -166,7 +190,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(issue, file=sys.stderr)
     if issues:
         return 1
-    return 2 if result.has_changes else 0
+    return 2 if result.has_changes or result.deletions_held else 0
 
 
 def _states_table(result: TickResult) -> str:

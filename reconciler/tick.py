@@ -45,6 +45,7 @@ from reconciler.spec.loader import ModelCheck, ParseCache, TaskCheck, load
 from reconciler.spec.paths import FileSystem
 from reconciler.spec.types import DesiredState, ObjectKey, Paths, TaskSpec
 from reconciler.status.branch import read_documents
+from reconciler.status.documents import first_seen_of
 
 log = logging.getLogger("argus")
 
@@ -160,6 +161,10 @@ class Reconciler:
         self._checkpoints: dict[str, str | None] = {}
         self._foreign_seen: set[str] = set()
         self.foreign: list[ForeignJob] = []
+        # When each object was first seen (admission order), seeded once from the status branch
+        # documents and carried from tick to tick.
+        self.first_seen: dict[ObjectKey, int] = {}
+        self._first_seen_seeded = False
 
     # -- load ---------------------------------------------------------------------------
     def load(self, commit: str | None = None, *, fetch: bool = True) -> tuple[DesiredState, str, int]:
@@ -226,7 +231,11 @@ class Reconciler:
         if desired is None:
             desired, revision, commit_time = self.load()
         actual, serve = self.observe(desired.cluster.paths)
-        plan = make_plan(desired, actual)
+        if not self._first_seen_seeded:  # a restart keeps the admission order the branch recorded
+            self.first_seen = {**first_seen_of(self.status_docs()), **self.first_seen}
+            self._first_seen_seeded = True
+        plan = make_plan(desired, actual, first_seen=self.first_seen, now=int(time.time()))
+        self.first_seen = actual.first_seen = plan.first_seen  # published in actual.json for PR plans
         result = TickResult(
             revision=revision or "",
             desired=desired,

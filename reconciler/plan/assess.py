@@ -40,6 +40,7 @@ class ObjectStatus:
     gpus: float = 0.0
     submission_id: str | None = None
     runs: list[ActualJob] = field(default_factory=list)
+    first_seen: int | None = None  # when the daemon first saw it (UTC epoch s): the admission order
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -94,6 +95,7 @@ def assess(
             out[key] = _model(key, desired, actual, actions, done)
         else:
             out[key] = _task(key, desired, jobs.get(key, []), actions, done)
+        out[key].first_seen = plan.first_seen.get(key)
     return out
 
 

@@ -13,19 +13,34 @@ SYMBOL = {
     ActionType.UPDATE_MODEL: "~",
     ActionType.SCALE_MODEL: "~",
     ActionType.DELETE_MODEL: "-",
+    ActionType.STOP_MODEL: "-",
     ActionType.STOP_TASK: "-",
     ActionType.QUEUE: "…",
+    ActionType.UNSCHEDULABLE: "!",
     ActionType.KEEP: "=",
 }
+MAX_NAMED = 10  # objects named in a headline; more are counted
 
 
 def summary(plan: Plan) -> str:
+    """The plan's headline: what will happen, never "no changes" when something is held back."""
     counts = Counter(a.type.value for a in plan.actions)
-    if not plan.has_changes:
-        return "No changes: the cluster matches the repository." + (
-            f" ({counts['keep']} kept)" if counts["keep"] else ""
+    if plan.frozen:
+        return "Nothing will be applied: cluster.yaml is invalid; every object is kept as it runs until it is fixed."
+    parts = []
+    held = plan.held
+    if held:
+        names = ", ".join(str(a.key) for a in held[:MAX_NAMED])
+        more = f" and {len(held) - MAX_NAMED} more" if len(held) > MAX_NAMED else ""
+        parts.append(
+            f"Deletions held by the mass-deletion guard: {names}{more} will not be deleted until a commit approves it."
         )
-    return "Plan: " + ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
+    if plan.has_changes:
+        parts.append("Plan: " + ", ".join(f"{n} {name}" for name, n in sorted(counts.items())))
+    elif not held:
+        kept = f" ({counts['keep']} kept)" if counts["keep"] else ""
+        parts.append(f"No changes: the cluster matches the repository.{kept}")
+    return " ".join(parts)
 
 
 def text(plan: Plan, issues: list[Issue]) -> str:

@@ -13,6 +13,7 @@ import yaml
 
 from reconciler.plan.actual import FINAL_JOB_STATES
 from reconciler.plan.assess import ObjectStatus
+from reconciler.spec.types import ObjectKey
 
 MAX_EVENTS = 20
 
@@ -65,6 +66,9 @@ def object_document(
     doc["gpus"] = st.gpus
     doc["revision"] = revisions
     doc["last_transition"] = last_transition
+    first_seen = prev.get("first_seen") or (_iso(st.first_seen) if st.first_seen is not None else None)
+    if first_seen:  # recorded once, never changed: the first-come-first-served order survives restarts
+        doc["first_seen"] = first_seen
     if st.key.kind == "task":
         # The runs are the durable record of what ran (reconciler/observe/runs.py): a run Ray
         # forgot keeps what was recorded about it (times, log tail) from the previous document.
@@ -122,6 +126,28 @@ def _ms(value: int | None) -> str | None:
     import datetime as _dt
 
     return _dt.datetime.fromtimestamp(value / 1000, tz=_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _iso(epoch: int) -> str:
+    import datetime as _dt
+
+    return _dt.datetime.fromtimestamp(epoch, tz=_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def first_seen_of(docs: Mapping[str, Mapping[str, Any]]) -> dict[ObjectKey, int]:
+    """The recorded ``first_seen`` of every status document (path -> document) that has a
+    readable one, as UTC epoch seconds; documents without one are left out."""
+    import datetime as _dt
+
+    out: dict[ObjectKey, int] = {}
+    for doc in docs.values():
+        try:
+            key = ObjectKey.parse(str(doc.get("object")))
+            when = _dt.datetime.strptime(str(doc["first_seen"]), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=_dt.UTC)
+        except (KeyError, ValueError):
+            continue
+        out[key] = int(when.timestamp())
+    return out
 
 
 def dump(doc: Mapping[str, Any]) -> bytes:

@@ -77,7 +77,7 @@ def test_validate_the_example_passes() -> None:
 def test_validate_the_example_json() -> None:
     proc = argus("validate", EXAMPLE, "--offline", "--format", "json")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == {"errors": [], "objects": example_objects()}
+    assert json.loads(proc.stdout) == {"errors": [], "objects": example_objects(), "warnings": []}
 
 
 def test_validate_without_offline_falls_back_when_the_roots_are_absent(tmp_path: Path) -> None:
@@ -114,7 +114,7 @@ def test_validate_json_shape(config: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr == ""
     out = json.loads(proc.stdout)
-    assert set(out) == {"errors", "objects"}
+    assert set(out) == {"errors", "objects", "warnings"}
     assert out["objects"] == example_objects()
     assert all(set(e) == {"path", "line", "message"} for e in out["errors"])
     assert all(isinstance(e["line"], int) for e in out["errors"])
@@ -214,6 +214,63 @@ def test_plan_mass_deletion_is_held_then_approved(config: Path, tmp_path: Path) 
     assert len([a for a in approved["actions"] if a["action"] == "delete_model"]) == 5
 
 
+def test_plan_held_deletions_exit_2_with_a_headline_naming_them(tmp_path: Path) -> None:
+    """Only held deletions pending: not "No changes" and exit 0, but a headline and exit 2."""
+    root = tmp_path / "config"
+    (root / "users").mkdir(parents=True)
+    (root / "cluster.yaml").write_text("kind: Cluster\n")
+    actual = tmp_path / "actual.json"
+    running = [{"user": "alice", "name": n, "spec_hash": "x", "replicas": 1, "status": "RUNNING"} for n in ("a", "b")]
+    actual.write_text(json.dumps({"models": running}))
+    for fmt in ("text", "markdown"):
+        proc = argus("plan", root, "--offline", "--actual", actual, "--format", fmt)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "No changes" not in proc.stdout
+        assert (
+            "Deletions held by the mass-deletion guard: alice/models/a, alice/models/b will not be deleted "
+            "until a commit approves it." in proc.stdout
+        )
+    data = json.loads(argus("plan", root, "--offline", "--actual", actual, "--format", "json").stdout)
+    assert data["deletions_held"] is True and all(a.get("held") for a in data["actions"])
+
+
+def test_plan_with_an_invalid_cluster_yaml_says_nothing_will_be_applied(config: Path, tmp_path: Path) -> None:
+    actual = tmp_path / "actual.json"
+    matching_actual(config, actual)
+    (config / "cluster.yaml").write_text("kind: Cluster\nserving: {http_port: 0}\n")
+    for fmt in ("text", "markdown"):
+        proc = argus("plan", config, "--offline", "--actual", actual, "--format", fmt)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "No changes" not in proc.stdout
+        assert "Nothing will be applied: cluster.yaml is invalid" in proc.stdout
+    assert "cluster.yaml:2:" in argus("plan", config, "--offline", "--actual", actual).stderr
+
+
+def test_a_folder_that_is_not_a_config_repository_is_an_error(config: Path) -> None:
+    for command in ("validate", "plan"):
+        proc = argus(command, "--offline", cwd=config / "users" / "alice")
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert proc.stdout == ""
+        assert "not a config repository (no cluster.yaml and no users/ folder)" in proc.stderr
+    (config / "cluster.yaml").unlink()  # users/ alone is a config repository (cluster.yaml is optional)
+    assert argus("validate", "--offline", cwd=config).returncode == 0
+
+
+def test_validate_warns_about_requests_above_the_quota(config: Path) -> None:
+    (config / "users/alice/tasks").mkdir()
+    (config / "users/alice/tasks/big.yaml").write_text(
+        "kind: Task\nworkload: command\ncommand: python train.py\ngpus_per_node: 4\n"
+    )
+    proc = argus("validate", config, "--offline")
+    assert proc.returncode == 0, proc.stderr  # a warning, not an error: the file is valid
+    assert (
+        "warning: users/alice/tasks/big.yaml: needs 4 GPU but alice's quota is 2 GPUs: it will be UNSCHEDULABLE"
+        in proc.stderr
+    )
+    data = json.loads(argus("validate", config, "--offline", "--format", "json").stdout)
+    assert data["errors"] == [] and len(data["warnings"]) == 1
+
+
 def test_plan_with_a_malformed_actual_state(config: Path, tmp_path: Path) -> None:
     bad = tmp_path / "actual.json"
     bad.write_text('{"models": [{"name": "no-user"}]}')
@@ -230,7 +287,7 @@ def test_plan_with_a_malformed_actual_state(config: Path, tmp_path: Path) -> Non
 def test_help_is_complete() -> None:
     top = argus("--help")
     assert top.returncode == 0
-    for needle in ("validate", "plan", "exit codes:", "0 no changes, 2 changes pending, 1 errors"):
+    for needle in ("validate", "plan", "exit codes:", "0 no changes, 2 changes pending or deletions held, 1 errors"):
         assert needle in top.stdout
     validate = argus("validate", "--help").stdout
     for needle in ("--offline", "--format", "path:line"):

@@ -83,3 +83,19 @@ def test_first_seen_is_recorded_for_every_desired_object() -> None:
     seen = ActualState(first_seen={CHAT: 1700000000})
     assert plan(desired, seen, now=1800000000).first_seen == {CHAT: 1700000000}
     assert plan(desired, ActualState()).first_seen == {}  # no clock, nothing recorded
+
+
+def test_first_seen_is_written_once_and_read_back() -> None:
+    from reconciler.plan.assess import ObjectStatus
+    from reconciler.status.documents import first_seen_of, object_document
+
+    def doc(first_seen: int, previous: dict[str, object] | None) -> dict[str, object]:
+        st = ObjectStatus(CHAT, "RUNNING", "Synced", first_seen=first_seen)
+        return object_document(
+            st, previous, revision="r", applied=True, now="t", endpoint="e", log_tails={}, checkpoints={}
+        )
+
+    first = doc(1767225600, None)
+    assert first["first_seen"] == "2026-01-01T00:00:00Z"
+    assert doc(1800000000, first)["first_seen"] == "2026-01-01T00:00:00Z"  # recorded once, never moved
+    assert first_seen_of({CHAT.path: first, "users/x/models/y.yaml": {"object": "x/models/y"}}) == {CHAT: 1767225600}
