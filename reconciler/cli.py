@@ -204,7 +204,7 @@ def _states_table(result: TickResult) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows]
     for st in result.statuses.values():
-        if st.reason and st.state in ("QUEUED", "FAILED", "INVALID"):
+        if st.reason and st.state in ("QUEUED", "FAILED", "INVALID", "UNSCHEDULABLE", "LOST"):
             lines.append(f"  {st.key}: {st.reason}")
     return "\n".join(lines) + "\n"
 

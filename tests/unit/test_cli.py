@@ -310,3 +310,28 @@ def test_validate_and_plan_do_not_import_ray_or_vllm() -> None:
         [sys.executable, "-c", code, str(EXAMPLE)], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
     )
     assert "HEAVY []" in proc.stdout, proc.stdout + proc.stderr
+
+
+def readme_actual_example() -> str:
+    """The actual-state JSON example the README documents for `argus plan --actual`."""
+    text = (ROOT / "README.md").read_text()
+    after = text[text.index("The actual-state JSON `argus plan --actual` reads") :]
+    body = after[after.index("```json\n") + len("```json\n") :]
+    return body[: body.index("\n```")]
+
+
+def test_the_readme_actual_state_example_admits_a_task(tmp_path: Path) -> None:
+    """The README's actual.json has the capacity the default driver resources need: a task that
+    fits is submitted, not queued or unschedulable for lack of `worker_node`."""
+    root = tmp_path / "config"
+    (root / "users/bob/tasks").mkdir(parents=True)
+    (root / "cluster.yaml").write_text("kind: Cluster\n")
+    (root / "users/bob/tasks/train.yaml").write_text(
+        "kind: Task\nworkload: command\ncommand: python train.py\ngpus_per_node: 1\n"
+    )
+    actual = tmp_path / "actual.json"
+    actual.write_text(readme_actual_example())
+    proc = argus("plan", root, "--offline", "--actual", actual, "--format", "json")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    actions = {a["object"]: a for a in json.loads(proc.stdout)["actions"]}
+    assert actions["bob/tasks/train"]["action"] == "submit_task", actions
