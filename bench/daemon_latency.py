@@ -1,19 +1,22 @@
-"""Daemon latencies and memory, measured on this machine with a real Ray head and git.
+"""Daemon latencies and memory at 10,000 objects, side by side with an almost empty repository.
 
-1. push -> action applied: ``git push`` of a new task file to the bare repository the
-   daemon watches (watchfiles) until the Ray Jobs API lists the submitted job.
-2. Ray state change -> status commit: a job's end time (Ray's clock) until the status
-   branch shows SUCCEEDED (the daemon observes every 5 s by default).
-3. daemon RSS with 10,000 objects (1,000 users x 5 models + 5 tasks, all suspended so
-   nothing is deployed): peak RSS of the daemon process after its first status commit.
+One real Ray head, two ``argus run`` daemons (each watching its own bare repository with
+watchfiles): ``empty`` (a cluster.yaml only) and ``big`` (1,000 users x (5 models + 5 tasks),
+all suspended so nothing is deployed). Pushes of a new task alternate between the two.
 
-Usage: .venv/bin/python bench/daemon_latency.py [--pushes 20]
+1. push -> job submitted: ``git push`` until the Ray Jobs API lists the job, p50/p95/max, per repo.
+2. the status commit after a one-file push at 10,000 objects: the files it changed and the
+   time from the push until it landed.
+3. the big daemon's peak RSS (VmHWM) at the end.
+
+Usage: PYTHONPATH=. .venv/bin/python bench/daemon_latency.py [--pushes 20] [--users 1000]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -24,31 +27,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import yaml  # noqa: E402
+
 from reconciler.dashboard import Dashboard  # noqa: E402
-from reconciler.status.branch import read_documents  # noqa: E402
 from reconciler.testing.ray_head import free_port, start_head  # noqa: E402
 from tests.support import ConfigRepo, cluster_yaml, git  # noqa: E402
 
 
-def daemon(repo: ConfigRepo, dash_url: str, log: Path, interval: float = 5.0) -> subprocess.Popen[bytes]:
+def daemon(repo: ConfigRepo, dash_url: str, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "reconciler.cli",
-            "run",
-            "--repo",
-            str(repo.bare),
-            "--ray",
-            dash_url,
-            "--listen",
-            f"127.0.0.1:{free_port()}",
-            "--observe-interval",
-            str(interval),
+            *(sys.executable, "-m", "reconciler.cli", "run", "--repo", str(repo.bare), "--ray", dash_url),
+            *("--listen", f"127.0.0.1:{free_port()}", "--observe-interval", "5"),
         ],
         stdout=open(log, "wb"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        env=env,
     )
 
 
@@ -64,107 +60,125 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def latency(root: Path, dash_url: str, pushes: int) -> tuple[list[float], list[float]]:
-    (root / "lat").mkdir()
-    repo = ConfigRepo(root / "lat")
-    users = root / "lat-users"
-    (users / "bench").mkdir(parents=True)
-    repo.write("cluster.yaml", cluster_yaml(root / "hf", users, free_port()))
-    repo.commit_push("cluster")
-    proc = daemon(repo, dash_url, root / "lat-daemon.log")
-    dash = Dashboard(dash_url)
-    applied: list[float] = []
-    reported: list[float] = []
-    try:
-        time.sleep(3)
-        for i in range(pushes):
-            name = f"t{i:03d}"
-            repo.write(
-                f"users/bench/tasks/{name}.yaml",
-                {"kind": "Task", "workload": "command", "command": "true", "gpus_per_node": 1},
-            )
-            repo.commit(f"task {name}")
-            start = time.time()
-            git(repo.work, "push", "-q", "origin", "HEAD:main")
-            job = None
-            while job is None and time.time() - start < 30:
-                jobs = [j for j in dash.get("/api/jobs/") if f"-{name}-" in str(j.get("submission_id"))]
-                job = jobs[0] if jobs else None
-                if job is None:
-                    time.sleep(0.01)
-            applied.append(time.time() - start)
-            path = f"users/bench/tasks/{name}.yaml"
-            while time.time() - start < 120:
-                doc = read_documents(str(repo.bare), "argus/status").get(path) or {}
-                if doc.get("state") == "SUCCEEDED":
-                    break
-                time.sleep(0.05)
-            seen = time.time()
-            info = dash.get(f"/api/jobs/{job['submission_id']}") if job else {}
-            if info.get("end_time"):
-                reported.append(seen - info["end_time"] / 1000)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-    return applied, reported
-
-
-def memory(root: Path, dash_url: str) -> tuple[float, float]:
-    (root / "mem").mkdir()
-    repo = ConfigRepo(root / "mem")
-    users = root / "mem-users"
-    users.mkdir()
-    repo.write("cluster.yaml", cluster_yaml(root / "hf", users, free_port()))
-    for u in range(1000):
+def make_repo(root: Path, name: str, users: int) -> ConfigRepo:
+    (root / name).mkdir()
+    repo = ConfigRepo(root / name)
+    home = root / f"{name}-users"
+    (home / "bench").mkdir(parents=True)
+    repo.write("cluster.yaml", cluster_yaml(root / "hf", home, free_port()))
+    model = yaml.safe_dump({"kind": "Model", "source": "$HOME/models/m", "suspend": True})
+    task = yaml.safe_dump({"kind": "Task", "workload": "command", "command": "true", "suspend": True})
+    for u in range(users):
         user = f"user{u:04d}"
-        for i in range(5):
-            (users / user / "models" / f"m{i}").mkdir(parents=True)
-            repo.write(
-                f"users/{user}/models/m{i}.yaml", {"kind": "Model", "source": f"$HOME/models/m{i}", "suspend": True}
-            )
-            repo.write(
-                f"users/{user}/tasks/t{i}.yaml",
-                {"kind": "Task", "workload": "command", "command": "true", "suspend": True},
-            )
-    repo.commit_push("10,000 objects")
+        (home / user / "models" / "m").mkdir(parents=True)
+        for kind, text in (("models", model), ("tasks", task)):
+            folder = repo.work / "users" / user / kind
+            folder.mkdir(parents=True)
+            for i in range(5):
+                (folder / f"{kind[0]}{i}.yaml").write_text(text)
+    repo.commit_push(f"{users * 10} objects")
+    return repo
+
+
+def status_tip(repo: ConfigRepo) -> str:
+    return git(repo.bare, "rev-parse", "--verify", "--quiet", "argus/status", check=False).strip()
+
+
+def wait_quiet(repo: ConfigRepo, timeout: float) -> float:
+    """Wait for the first status commit, then until the branch stops moving for 6 s."""
     start = time.time()
-    proc = daemon(repo, dash_url, root / "mem-daemon.log")
-    try:
-        while time.time() - start < 600:
-            if git(repo.bare, "rev-parse", "--verify", "--quiet", "argus/status", check=False).strip():
-                break
-            time.sleep(0.2)
-        first = time.time() - start
-        time.sleep(6)  # one more observe tick
-        return rss_peak_mb(proc.pid), first
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    while not status_tip(repo) and time.time() - start < timeout:
+        time.sleep(0.2)
+    first = time.time() - start
+    last, since = status_tip(repo), time.time()
+    while time.time() - since < 6 and time.time() - start < timeout:
+        time.sleep(0.5)
+        if status_tip(repo) != last:
+            last, since = status_tip(repo), time.time()
+    return first
+
+
+def push_task(repo: ConfigRepo, dash: Dashboard, name: str) -> tuple[float, str]:
+    """Push a new task; return the seconds until Ray lists its job, and the pushed commit."""
+    repo.write(f"users/bench/tasks/{name}.yaml", {"kind": "Task", "workload": "command", "command": "true"})
+    sha = repo.commit(f"task {name}")
+    start = time.time()
+    git(repo.work, "push", "-q", "origin", "HEAD:main")
+    while time.time() - start < 60:
+        if any(f"-{name}-" in str(j.get("submission_id")) for j in dash.get("/api/jobs/")):
+            return time.time() - start, sha
+        time.sleep(0.01)
+    return float("inf"), sha
+
+
+def status_commit_for(repo: ConfigRepo, sha: str, pushed: float, timeout: float = 120) -> tuple[float, list[str]]:
+    """Seconds from the push to the first status commit whose revision.yaml names ``sha``,
+    and the files that commit changed."""
+    seen: set[str] = set()
+    while time.time() - pushed < timeout:
+        commits = git(repo.bare, "rev-list", "argus/status", "-n", "20").split()
+        for commit in reversed(commits):
+            if commit in seen:
+                continue
+            seen.add(commit)
+            root = git(repo.bare, "show", f"{commit}:revision.yaml", check=False)
+            if sha in root:
+                when = int(git(repo.bare, "log", "-1", "--format=%ct", commit).strip())
+                files = git(repo.bare, "diff-tree", "--no-commit-id", "--name-only", "-r", f"{commit}^", commit)
+                return when - pushed, files.split()
+        time.sleep(0.05)
+    return float("inf"), []
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pushes", type=int, default=20)
+    parser.add_argument("--users", type=int, default=1000)
     args = parser.parse_args()
-    head = start_head(num_cpus=8, num_gpus=2, resources={"worker_node": 4}, env={"PYTHONPATH": str(ROOT)})
+    head = start_head(num_cpus=8, num_gpus=2, resources={"worker_node": 8}, env={"PYTHONPATH": str(ROOT)})
+    procs: list[subprocess.Popen[bytes]] = []
     try:
         with tempfile.TemporaryDirectory(prefix="argus-bench-") as tmp:
             root = Path(tmp)
             (root / "hf").mkdir()
-            applied, reported = latency(root, head.dashboard_url, args.pushes)
-            rss, first = memory(root, head.dashboard_url)
+            dash = Dashboard(head.dashboard_url)
+            t0 = time.time()
+            big = make_repo(root, "big", args.users)
+            empty = make_repo(root, "empty", 0)
+            print(f"repositories written in {time.time() - t0:.1f} s", file=sys.stderr)
+            big_proc = daemon(big, head.dashboard_url, root / "big.log")
+            empty_proc = daemon(empty, head.dashboard_url, root / "empty.log")
+            procs += [big_proc, empty_proc]
+            first = wait_quiet(big, 900)
+            wait_quiet(empty, 60)
+            print(f"big daemon: first status commit {first:.1f} s after start", file=sys.stderr)
+            lat: dict[str, list[float]] = {"empty": [], "big": []}
+            commits: list[tuple[float, list[str]]] = []
+            for i in range(args.pushes):
+                for label, repo in (("empty", empty), ("big", big)):
+                    seconds, sha = push_task(repo, dash, f"{label[0]}{i:03d}")
+                    lat[label].append(seconds)
+                    if label == "big" and i < 5:
+                        commits.append(status_commit_for(repo, sha, time.time() - seconds))
+                time.sleep(0.5)
+            rss = rss_peak_mb(big_proc.pid)
     finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=60)
         head.stop()
-    print(f"| measurement (n={len(applied)}) | p50 | p95 | max |")
+    load = os.getloadavg()
+    print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load {load[0]:.1f}")
+    print(f"| push -> job submitted (n={args.pushes} each, interleaved) | p50 | p95 | max |")
     print("|---|---|---|---|")
-    p50, p95 = statistics.median(applied), pct(applied, 0.95)
-    print(f"| push -> job submitted (s) | {p50:.2f} | {p95:.2f} | {max(applied):.2f} |")
-    if reported:
-        print(
-            f"| job ended -> status commit (s) | {statistics.median(reported):.2f} | {pct(reported, 0.95):.2f} | "
-            f"{max(reported):.2f} |"
-        )
-    print(f"\n10,000 objects: daemon peak RSS {rss:.0f} MB; first status commit {first:.1f} s after start")
+    for label, values in lat.items():
+        what = "almost empty repository" if label == "empty" else f"{args.users * 10:,} objects"
+        print(f"| {what} | {statistics.median(values):.2f} s | {pct(values, 0.95):.2f} s | {max(values):.2f} s |")
+    ratio = statistics.median(lat["big"]) / statistics.median(lat["empty"])
+    print(f"\np50 ratio big/empty: {ratio:.2f}x")
+    for seconds, files in commits:
+        print(f"status commit after a one-file push: {seconds:.1f} s after the push, {len(files)} files: {files}")
+    print(f"big daemon: peak RSS {rss:.0f} MB; first status commit {first:.1f} s after start")
     return 0
 
 

@@ -281,9 +281,12 @@ def _daemon_pages(args: argparse.Namespace) -> PageHandler | None:
 def cmd_run(args: argparse.Namespace) -> int:
     import logging
     import signal
+    import socket
 
     from reconciler.loop import Daemon
+    from reconciler.redact import Redactor
     from reconciler.server import start_server
+    from reconciler.status.lease import Lease
     from reconciler.status.writer import StatusWriter
 
     _require_runtime("run", RUNTIME_MODULES[:3])  # before any start-up work: one line, exit 1
@@ -292,8 +295,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     _signing(args)
     source = open_source(args.repo, args.cache_dir)
     reconciler = _reconciler(args, source)
-    writer = StatusWriter(source, args.status_branch, endpoint=args.endpoint)
-    daemon = Daemon(reconciler, writer, observe_interval=args.observe_interval, fetch_interval=args.fetch_interval)
+    redactor = Redactor([*reconciler.secrets_env.values(), os.environ.get("ARGUS_WEBHOOK_SECRET")])
+    writer = StatusWriter(source, args.status_branch, endpoint=args.endpoint, redact=redactor)
+    daemon = Daemon(
+        reconciler,
+        writer,
+        observe_interval=args.observe_interval,
+        fetch_interval=args.fetch_interval,
+        # Named by host and listen address: no two live daemons share it (the address is bound),
+        # and a daemon restarted after kill -9 takes its own lease back at once.
+        lease=Lease(source, f"{socket.gethostname()}:{args.listen}", ttl=max(30.0, 6 * args.observe_interval)),
+        redact=redactor,
+        background_status=True,
+    )
     pages = _daemon_pages(args)
     servers = []
     try:
@@ -348,6 +362,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         daemon.run()
     finally:
+        daemon.close()
         for server in servers:
             server.shutdown()
     return 0

@@ -60,6 +60,10 @@ class RayUnavailable(TemporaryError):
     """The Ray dashboard (Jobs or Serve REST API) did not answer. Nothing is applied."""
 
 
+class ConcurrentWrite(TemporaryError):
+    """Another writer moved a ref argus was updating (compare-and-swap lost): re-read, retry."""
+
+
 class ApplyFailed(ArgusError):
     """Ray refused an action. ``permanent`` tells whether retrying the same request can help."""
 

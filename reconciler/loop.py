@@ -1,4 +1,10 @@
-"""The loop that runs ticks: triggers (watchfiles, webhooks, timers) and back-off. I/O."""
+"""The loop that runs ticks: triggers (watchfiles, webhooks, timers), the lease, back-off. I/O.
+
+The loop never ends for anything a tick meets: source and Ray outages back off, another
+daemon holding the repository's lease is reported and waited out, and any other exception
+(a bug, an input nobody foresaw) is the last line of defence's: logged once with its
+traceback, counted, shown in /healthz and the status README, retried with back-off.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +14,15 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from reconciler.errors import RayUnavailable, SourceUnavailable
+from reconciler.redact import Redactor
 from reconciler.report import Reporter
 from reconciler.server import Metrics
-from reconciler.status.writer import StatusWriter
+from reconciler.status.lease import Lease
+from reconciler.status.writer import StatusWriter, no_redaction
 from reconciler.tick import Reconciler
 
 log = logging.getLogger("argus")
@@ -32,13 +41,23 @@ class Daemon:
         observe_interval: float = 5.0,
         fetch_interval: float = 15.0,
         metrics: Metrics | None = None,
+        lease: Lease | None = None,
+        redact: Callable[[str], str] | None = None,
+        background_status: bool = False,
     ) -> None:
         self.reconciler = reconciler
         self.writer = writer
         self.observe_interval = observe_interval
         self.fetch_interval = fetch_interval
         self.metrics = metrics or Metrics()
-        self.reporter = Reporter(reconciler.dash, writer, self.metrics)
+        self.lease = lease
+        # What the daemon passes to jobs as secrets never reaches git or the logs.
+        self.redact = redact or Redactor(reconciler.secrets_env.values())
+        if writer.redact is no_redaction:
+            writer.redact = self.redact
+        self.reporter = Reporter(reconciler.dash, writer, self.metrics, redact=self.redact)
+        if background_status:
+            self.reporter.start()
         # The status branch is the durable record of runs: read them from it, and record a
         # run there before submitting it (reconciler/tick.py, "Exactly once").
         reconciler.status_docs = writer.documents
@@ -47,8 +66,10 @@ class Daemon:
         self.stop = threading.Event()
         self.last_tick_ok = 0.0
         self.last_error: str | None = None
+        self.tick_exception: str | None = None  # the last tick's unexpected exception, until one succeeds
         self._last_fetch = 0.0
         self._backoff = 0.0
+        self._lease_until = 0.0
 
     def on_push(self, ref: str | None) -> bool:
         """Webhook/watch trigger. Returns whether ``ref`` is the tracked branch (None = unknown)."""
@@ -61,7 +82,23 @@ class Daemon:
     def health(self) -> dict[str, Any]:
         age = time.monotonic() - self.last_tick_ok if self.last_tick_ok else None
         ok = age is not None and age < max(60.0, 6 * self.observe_interval)
-        return {"ok": ok, "last_tick_age_s": age, "last_error": self.last_error}
+        out: dict[str, Any] = {"ok": ok, "last_tick_age_s": age, "last_error": self.last_error}
+        if self.tick_exception:
+            out["ok"], out["tick_exception"] = False, self.tick_exception
+        if self.lease is not None:
+            out["lease"] = {"holder": self.lease.holder, "held": self.lease.other is None, "other": self.lease.other}
+            if self.lease.other is not None:
+                out["ok"] = False
+        return out
+
+    def close(self) -> None:
+        """At shutdown: write the pending status and give the lease up."""
+        self.reporter.stop()
+        if self.lease is not None:
+            try:
+                self.lease.release()
+            except Exception as exc:  # shutting down: the lease expires by itself
+                log.debug("lease release failed: %s", exc)
 
     def watch_local(self) -> threading.Thread | None:
         """Watch a local repository's branch refs with watchfiles, so a push ticks at once."""
@@ -98,15 +135,26 @@ class Daemon:
         backoff = 0.0
         self.wake.set()
         while not self.stop.is_set():
-            self.wake.wait(timeout=backoff or self.observe_interval)
+            pushed = self.wake.wait(timeout=backoff or self.observe_interval)
             self.wake.clear()
             if self.stop.is_set():
                 break
+            if not pushed:
+                self.reconciler.refresh_fs()  # timer ticks re-check the file system; pushes reuse it
             backoff = self.run_once()
 
     def run_once(self) -> float:
-        """One tick plus its status write. Returns the back-off delay (0 when healthy)."""
+        """One tick; its status write follows (in the background writer when started).
+        Returns the back-off delay (0 when healthy). Never raises for anything a tick meets."""
+        try:
+            return self._run_once()
+        except Exception as exc:
+            return self._tick_failed(exc)
+
+    def _run_once(self) -> float:
         started = time.monotonic()
+        if not self._hold_lease():
+            return min(60.0, max(self.observe_interval, 5.0))
         fetch = not self.reconciler.source.local and started - self._last_fetch >= self.fetch_interval
         try:
             if fetch or self.reconciler.source.local:
@@ -124,6 +172,7 @@ class Daemon:
             return min(60.0, max(1.0, 2 * (self._backoff or 0.5)))
         self._backoff = 0.0
         self.last_error = None
+        self.tick_exception = None
         if not self.last_tick_ok:
             # The desired tree and caches live as long as the daemon: keep the cyclic GC from
             # re-scanning them on every tick (10,000 objects made full collections dominate).
@@ -134,9 +183,47 @@ class Daemon:
         self.last_tick_ok = time.monotonic()
         return 0.0
 
+    def _hold_lease(self) -> bool:
+        """Take or renew the repository's lease (renewed at half its time to live). Returns
+        False when another daemon holds it: this one applies nothing and says so."""
+        if self.lease is None:
+            return True
+        now = time.time()
+        if self.lease.other is None and now < self._lease_until - self.lease.ttl / 2:
+            return True
+        if self.lease.acquire():
+            self._lease_until = now + self.lease.ttl
+            if self.last_error and self.last_error.startswith("another daemon"):
+                self.last_error = None
+            return True
+        message = f"another daemon ({self.lease.other}) holds the lease on this repository; applying nothing"
+        self._lease_until = 0.0
+        self._fail("lease", message)
+        return False
+
+    def _tick_failed(self, exc: Exception) -> float:
+        """The last line of defence: log once with the traceback, count, show, back off."""
+        message = self.redact(f"{type(exc).__name__}: {exc}")
+        tick_exception = getattr(self.metrics, "tick_exception", None)
+        if callable(tick_exception):
+            tick_exception()
+        else:
+            self.metrics.error("tick")
+        if message != self.tick_exception:
+            log.error(json.dumps({"event": "tick_exception", "error": message}), exc_info=exc)
+        self.tick_exception = self.last_error = message
+        try:
+            self.reporter.tick_error(message)
+        except Exception as write_exc:  # the status branch may be what fails
+            log.debug("status write after a failed tick failed: %s", write_exc)
+        self._backoff = min(60.0, max(1.0, 2 * (self._backoff or 0.5)))
+        return self._backoff
+
     def _fail(self, kind: str, message: str) -> None:
         self.metrics.error(kind)
         self._backoff = min(60.0, max(1.0, 2 * (self._backoff or 0.5)))
+        message = self.redact(message)
         if self.last_error != message:
-            log.warning(json.dumps({"event": f"{kind}_unavailable", "error": message}))
+            event = "lease_held_elsewhere" if kind == "lease" else f"{kind}_unavailable"
+            log.warning(json.dumps({"event": event, "error": message}))
         self.last_error = message

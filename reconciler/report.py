@@ -1,10 +1,18 @@
-"""What a tick leaves behind: the status report for git, one log line per action, metrics. I/O."""
+"""What a tick leaves behind: the status report for git, one log line per action, metrics. I/O.
+
+The status write runs in a background thread (``start()``) so that a push never waits for
+the report of the tick before it: the tick hands its result over and returns; the writer
+thread writes only the newest result it has (reports coalesce while a write is running).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
+import threading
+import time
+from collections.abc import Callable
 
 from reconciler.dashboard import Dashboard
 from reconciler.errors import ArgusError
@@ -18,29 +26,131 @@ from reconciler.tick import TickResult
 log = logging.getLogger("argus")
 
 
+def _identity(text: str) -> str:
+    return text
+
+
 class Reporter:
     """Turns tick results into a status commit, log lines and metrics. Remembers the log tails
     of finished runs (fetched once each) and the last line logged per object, so a steady
-    state logs nothing."""
+    state logs nothing. Every text it writes or logs passes through ``redact``."""
 
-    def __init__(self, dash: Dashboard, writer: StatusWriter, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        dash: Dashboard,
+        writer: StatusWriter,
+        metrics: Metrics,
+        *,
+        redact: Callable[[str], str] = _identity,
+    ) -> None:
         self.dash = dash
         self.writer = writer
         self.metrics = metrics
+        self.redact = redact
         self.log_tails: dict[str, list[str]] = {}
+        self.daemon_error: str | None = None  # the last tick's unexpected exception, until one succeeds
+        self.last_commit: str | None = None
+        self.write_seconds = 0.0  # duration of the last status write
         self._logged: dict[str, str] = {}
+        self._cond = threading.Condition()
+        self._pending: Callable[[], None] | None = None
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._write_error: str | None = None
 
-    def report(self, result: TickResult) -> str | None:
-        """Log, write and count one tick. Returns the status commit (None when nothing changed).
-
-        Raises whatever the status writer raises (git failures)."""
-        self._fetch_log_tails(result)
+    # -- what the loop calls ----------------------------------------------------------------
+    def report(self, result: TickResult) -> None:
+        """Log and count one tick at once; write its status now, or in the background
+        writer once ``start()`` was called. Raises (foreground only) what the writer raises."""
+        self.daemon_error = None
         self._log_actions(result)
-        commit = self.writer.write(self.status_report(result))
-        if commit:
-            log.info(json.dumps({"event": "status_commit", "commit": commit[:12], "revision": result.revision[:12]}))
         self._count(result)
-        return commit
+        self._submit(lambda: self._write(result))
+
+    def source_error(self, message: str) -> None:
+        """Say on the status branch that the source is unreadable, keeping every object's status."""
+        self._submit(lambda: self._write_report(self._unknown(source_error=message)))
+
+    def tick_error(self, message: str) -> None:
+        """Say on the status branch that the last tick failed unexpectedly (objects kept)."""
+        self.daemon_error = message
+        self._submit(lambda: self._write_report(self._unknown()))
+
+    def start(self) -> None:
+        """Write status in a background thread from now on."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="argus-status-writer", daemon=True)
+            self._thread.start()
+
+    def flush(self, timeout: float = 60.0) -> bool:
+        """Wait until every report handed over is written. Returns False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._thread is not None and (self._pending is not None or self._busy):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Write what is pending, then end the background writer."""
+        self.flush(timeout)
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    # -- the writer -------------------------------------------------------------------------
+    def _submit(self, job: Callable[[], None]) -> None:
+        if self._thread is None:
+            job()
+            return
+        with self._cond:
+            self._pending = job  # only the newest report matters: an older one is dropped
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._stopping:
+                    self._cond.wait()
+                if self._pending is None:
+                    return
+                job, self._pending, self._busy = self._pending, None, True
+            try:
+                job()
+                self._write_error = None
+            except Exception as exc:  # the branch may be unwritable for a while: next report retries
+                message = f"{type(exc).__name__}: {exc}"
+                self.metrics.error("status_write")
+                if message != self._write_error:
+                    log.error(json.dumps({"event": "status_write_failed", "error": self.redact(message)}))
+                self._write_error = message
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _unknown(self, source_error: str | None = None) -> StatusReport:
+        """A report that knows nothing about the objects (their documents are kept)."""
+        return StatusReport(None, {}, set(), set(), None, [], source_error=source_error, daemon_error=self.daemon_error)
+
+    def _write(self, result: TickResult) -> None:
+        self._fetch_log_tails(result)
+        self._write_report(self.status_report(result))
+
+    def _write_report(self, report: StatusReport) -> None:
+        started = time.monotonic()
+        commit = self.writer.write(report)
+        self.write_seconds = time.monotonic() - started
+        if commit:
+            self.last_commit = commit
+            revision = (report.revision or "")[:12]
+            log.info(json.dumps({"event": "status_commit", "commit": commit[:12], "revision": revision}))
 
     def status_report(self, result: TickResult) -> StatusReport:
         """The status writer's input for ``result``."""
@@ -55,20 +165,17 @@ class Reporter:
             log_tails=self.log_tails,
             checkpoints={j.submission_id: j.hf_checkpoint for j in result.actual.runs()},
             actual=result.actual.to_json(),
+            spec_ids=result.spec_ids,
+            subject=result.subject,
+            daemon_error=self.daemon_error,
         )
-
-    def source_error(self, message: str) -> None:
-        """Say on the status branch that the source is unreadable, keeping every object's status."""
-        try:
-            self.writer.write(StatusReport(None, {}, set(), set(), None, [], source_error=message))
-        except Exception as exc:  # the status branch may be as unavailable as the source
-            log.debug("status write failed: %s", exc)
 
     def _fetch_log_tails(self, result: TickResult) -> None:
         for job in result.actual.jobs:
             if job.status in FINAL_JOB_STATES and job.submission_id not in self.log_tails:
                 with contextlib.suppress(ArgusError):
-                    self.log_tails[job.submission_id] = job_log_tail(self.dash, job.submission_id)
+                    tail = job_log_tail(self.dash, job.submission_id)
+                    self.log_tails[job.submission_id] = [self.redact(line) for line in tail]
 
     def _log_actions(self, result: TickResult) -> None:
         for action in result.plan.actions:
@@ -83,7 +190,7 @@ class Reporter:
                     }
                 )
                 if self._logged.get(str(action.key)) != line:
-                    log.info(line)
+                    log.info(self.redact(line))
                     self._logged[str(action.key)] = line
 
     def _count(self, result: TickResult) -> None:

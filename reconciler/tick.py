@@ -16,8 +16,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -27,8 +27,10 @@ from reconciler.apply.ownership import load_or_create_key
 from reconciler.apply.serve import apply_serve
 from reconciler.builders.jobs import job_submission
 from reconciler.builders.serve import app_name, model_app_config
+from reconciler.contain import culprits, raises
 from reconciler.dashboard import Dashboard
-from reconciler.errors import ApplyFailed, ArgusError, PermanentError, RayUnavailable
+from reconciler.errors import ApplyFailed, ArgusError, Issue, PermanentError, RayUnavailable
+from reconciler.fscache import CachedFS
 from reconciler.observe.capacity import observe_capacity
 from reconciler.observe.jobs import ForeignJob, observe_job_records
 from reconciler.observe.runs import recorded_runs
@@ -41,9 +43,9 @@ from reconciler.source.localfs import LocalFS
 from reconciler.source.remote import RepoSource
 from reconciler.source.signatures import SignatureVerifier, SigningPolicy
 from reconciler.spec.hashing import task_spec_hash
-from reconciler.spec.loader import ModelCheck, ParseCache, TaskCheck, load
+from reconciler.spec.loader import ModelCheck, ParseCache, SourceFile, TaskCheck, classify, load
 from reconciler.spec.paths import FileSystem
-from reconciler.spec.types import DesiredState, ObjectKey, Paths, TaskSpec
+from reconciler.spec.types import ClusterSpec, DesiredState, ObjectKey, Paths, TaskSpec
 from reconciler.status.branch import read_documents
 from reconciler.status.documents import first_seen_of
 
@@ -93,6 +95,7 @@ class TickResult:
     notes: list[str] = field(default_factory=list)
     subject: str = ""
     commit_time: int = 0
+    spec_ids: dict[str, str] = field(default_factory=dict)  # path -> blob of every object file
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -131,7 +134,7 @@ class Reconciler:
         self.source = source
         self.branch = branch
         self.dash = dash
-        self.fs = fs if fs is not None else LocalFS()
+        self.fs = fs if fs is not None else CachedFS(LocalFS())
         self.secrets_env = (
             dict(secrets_env)
             if secrets_env is not None
@@ -150,6 +153,7 @@ class Reconciler:
         self.rejections: list[str] = []
         self._put_memo: dict[str, Any] = {}
         self._subject = ""
+        self._spec_ids: dict[str, str] = {}
         self._refused: dict[tuple[ObjectKey, str | None], str] = {}
         self.ownership_key = (
             ownership_key if ownership_key is not None else load_or_create_key(state_dir or default_state_dir())
@@ -179,16 +183,19 @@ class Reconciler:
         signed = trusted.entries is not None
         self.rejections = [str(r) for r in trusted.rejections]
         self.trust_notes = list(trusted.notes)
-        desired = load(
+        desired = self._load_contained(
             snap.files,
-            created=trusted.created if signed else snap.created,
-            default_time=snap.commit_time,
-            fs=self.fs,
-            cache=self.cache,
-            task_check=self.task_check,
-            model_check=self.model_check,
-            revision=commit,
-            approve_prune=trusted.approve_prune if signed else snap.approve_prune,
+            partial(
+                load,
+                created=trusted.created if signed else snap.created,
+                default_time=snap.commit_time,
+                fs=self.fs,
+                cache=self.cache,
+                task_check=self.task_check,
+                model_check=self.model_check,
+                revision=commit,
+                approve_prune=trusted.approve_prune if signed else snap.approve_prune,
+            ),
         )
         if desired.cluster.security.require_signed_commits and not self.signing.required:
             self.trust_notes.append(
@@ -196,7 +203,47 @@ class Reconciler:
                 "(--require-signed-commits, --allowed-signers)"
             )
         self._subject = snap.subject
+        self._spec_ids = {f.path: f.blob for f in snap.files if f.path.startswith("users/")}
         return desired, commit, snap.commit_time
+
+    @staticmethod
+    def _load_contained(files: list[SourceFile], loader: Callable[[list[SourceFile]], DesiredState]) -> DesiredState:
+        """``loader(files)``; when it raises, the files it raises for become invalid objects
+        (kept as they run, INVALID with the error) and every other file is loaded as usual.
+
+        Raises the loader's exception only when it cannot be pinned on object files."""
+        try:
+            return loader(files)
+        except Exception as exc:
+            first = exc
+        base = [f for f in files if not f.path.startswith("users/")]
+        objects = [f for f in files if f.path.startswith("users/")]
+        if raises(lambda: loader(base)) is not None:
+            # cluster.yaml itself: nothing can be planned safely, keep everything as it runs.
+            log.error("loading cluster.yaml failed", exc_info=first)
+            issue = Issue("cluster.yaml", 0, f"internal error while loading: {first!r}")
+            return DesiredState(cluster=ClusterSpec(), cluster_valid=False, issues=[issue])
+        bad = culprits(objects, lambda sub: raises(lambda: loader(base + list(sub))) is not None)
+        if not bad:
+            raise first
+        bad_paths = {f.path for f in bad}
+        desired = loader(base + [f for f in objects if f.path not in bad_paths])
+        for file in bad:
+            error = raises(partial(loader, [*base, file]))
+            log.error("loading %r failed", file.path, exc_info=error)
+            issue = Issue(file.path, 0, f"internal error while loading: {error!r}")
+            desired.issues.append(issue)
+            key = _key_of(file.path)
+            if key is not None:
+                desired.invalid[key] = [issue]
+        desired.issues.sort()
+        return desired
+
+    def refresh_fs(self) -> None:
+        """Forget remembered file-system answers (the loop does it on timer ticks, not pushes)."""
+        refresh = getattr(self.fs, "refresh", None)
+        if callable(refresh):
+            refresh()
 
     # -- observe ------------------------------------------------------------------------
     def observe(self, paths: Paths | None = None) -> tuple[ActualState, ServeObservation]:
@@ -226,7 +273,10 @@ class Reconciler:
 
     # -- tick ---------------------------------------------------------------------------
     def tick(self, desired: DesiredState | None = None, revision: str | None = None) -> TickResult:
-        """Run one reconcile. Raises SourceUnavailable / RayUnavailable before applying anything."""
+        """Run one reconcile. Raises SourceUnavailable / RayUnavailable before applying anything.
+
+        One object's failure (loading, hashing, building, applying, assessing it) is that
+        object's status; every other object is planned and applied in the same tick."""
         commit_time = 0
         if desired is None:
             desired, revision, commit_time = self.load()
@@ -234,7 +284,8 @@ class Reconciler:
         if not self._first_seen_seeded:  # a restart keeps the admission order the branch recorded
             self.first_seen = {**first_seen_of(self.status_docs()), **self.first_seen}
             self._first_seen_seeded = True
-        plan = make_plan(desired, actual, first_seen=self.first_seen, now=int(time.time()))
+        now = int(time.time())
+        plan = self._plan_contained(desired, lambda d: make_plan(d, actual, first_seen=self.first_seen, now=now))
         self.first_seen = actual.first_seen = plan.first_seen  # published in actual.json for PR plans
         result = TickResult(
             revision=revision or "",
@@ -245,6 +296,7 @@ class Reconciler:
             statuses={},
             subject=self._subject,
             commit_time=commit_time,
+            spec_ids=self._spec_ids,
         )
         result.notes.extend(self.trust_notes)
         result.notes.extend(f"unverified change kept out: {r}" for r in self.rejections)
@@ -256,12 +308,77 @@ class Reconciler:
             for j in self.foreign
         )
         self._apply(result)
-        result.statuses = assess(desired, actual, plan, result.applied)
+        result.statuses = self._assess_contained(result)
         for key, why in result.failures.items():
             status = result.statuses.get(key)
-            if status is not None:
-                status.reason = f"{status.reason}; apply failed: {why}" if status.reason else f"apply failed: {why}"
+            if status is None:
+                continue
+            if key not in result.applied and key not in desired.invalid:
+                # Nothing of this spec reached Ray: the object failed (what runs, if anything, is kept).
+                status.state = "FAILED" if status.state not in ("RUNNING", "DEPLOYING") else status.state
+            status.reason = f"{status.reason}; apply failed: {why}" if status.reason else f"apply failed: {why}"
         return result
+
+    def _plan_contained(self, desired: DesiredState, planner: Callable[[DesiredState], Plan]) -> Plan:
+        """``planner(desired)``; when it raises for some objects, they become invalid (kept as
+        they run, with the error) and everything else is planned as usual."""
+        try:
+            return planner(desired)
+        except Exception as exc:
+            first = exc
+        keys = sorted(set(desired.models) | set(desired.tasks))
+
+        def subset(chosen: Iterable[ObjectKey]) -> DesiredState:
+            wanted = set(chosen)
+            return replace(
+                desired,
+                models={k: v for k, v in desired.models.items() if k in wanted},
+                tasks={k: v for k, v in desired.tasks.items() if k in wanted},
+            )
+
+        bad = culprits(keys, lambda sub: raises(partial(planner, subset(sub))) is not None)
+        if not bad:
+            raise first
+        for key in bad:
+            error = raises(partial(planner, subset([key])))
+            log.error("planning %s failed", key, exc_info=error)
+            spec = desired.models.get(key) or desired.tasks.get(key)
+            line = getattr(spec, "line", 0) if key.kind == "model" else 0
+            issue = Issue(key.path, line, f"internal error while planning: {error!r}")
+            desired.models.pop(key, None)
+            desired.tasks.pop(key, None)
+            desired.invalid[key] = [issue]
+            desired.issues.append(issue)
+        desired.issues.sort()
+        return planner(desired)
+
+    def _assess_contained(self, result: TickResult) -> dict[ObjectKey, ObjectStatus]:
+        """Assess every object; one whose assessment raises is FAILED with the error."""
+        desired, actual, plan, applied = result.desired, result.actual, result.plan, result.applied
+        try:
+            return assess(desired, actual, plan, applied)
+        except Exception as exc:
+            log.error("assessing the objects failed; assessing them one by one", exc_info=exc)
+        out: dict[ObjectKey, ObjectStatus] = {}
+        keys = desired.keys() | set(actual.models) | {j.key for j in actual.jobs if j.active}
+        for key in sorted(keys):
+            one_desired = replace(
+                desired,
+                models={key: desired.models[key]} if key in desired.models else {},
+                tasks={key: desired.tasks[key]} if key in desired.tasks else {},
+                invalid={key: desired.invalid[key]} if key in desired.invalid else {},
+            )
+            one_actual = replace(
+                actual,
+                models={key: actual.models[key]} if key in actual.models else {},
+                jobs=[j for j in actual.jobs if j.key == key],
+            )
+            one_plan = Plan([a for a in plan.actions if a.key == key])
+            try:
+                out.update(assess(one_desired, one_actual, one_plan, applied))
+            except Exception as exc:
+                out[key] = ObjectStatus(key, "FAILED", "Unknown", reason=f"internal error while assessing: {exc!r}")
+        return out
 
     def _apply(self, result: TickResult) -> None:
         plan, desired = result.plan, result.desired
@@ -271,11 +388,16 @@ class Reconciler:
         self._apply_serve(result)
         now = time.monotonic()
         submits = []
+        # A submission id Ray already holds for another object would be taken as "submitted".
+        owner = {j.submission_id: j.key for j in result.actual.jobs}
         for action in plan.of(ActionType.SUBMIT_TASK):
             attempt = (action.key, action.spec_hash)
             refused = self._refused.get(attempt)
             if refused is not None:  # permanent: not retried until the spec changes (kopf's rule)
                 result.failures[action.key] = refused
+            elif owner.setdefault(action.submission_id or "", action.key) != action.key:
+                holder = owner[action.submission_id or ""]
+                result.failures[action.key] = f"submission id {action.submission_id} is already used by {holder}"
             elif not self.backoff.due(attempt, now):
                 wait = self.backoff.retry_in(attempt, now) or 0.0
                 result.failures[action.key] = f"{self._retrying.get(attempt, '')} (temporary: retried in {wait:.0f}s)"
@@ -325,27 +447,51 @@ class Reconciler:
         self._retrying.pop(attempt, None)
 
     def _apply_serve(self, result: TickResult) -> None:
-        """Send the whole owned app set in one PUT, only when it differs from what runs."""
+        """Send the whole owned app set in one PUT, only when it differs from what runs.
+
+        A model whose application cannot be built (or sent as JSON, or whose name another
+        object already takes) fails alone: what runs for it is carried as it runs, and the
+        PUT carries every other application."""
         plan, desired, serve = result.plan, result.desired, result.serve
         changing = (ActionType.UPDATE_MODEL, ActionType.SCALE_MODEL, ActionType.DEPLOY_MODEL)
-        apps: list[dict[str, Any]] = []
+        apps: dict[str, dict[str, Any]] = {}
+        holders: dict[str, ObjectKey] = {}
         touched: list[ObjectKey] = []
+        changes: list[tuple[ObjectKey, Any]] = []
         for key in sorted(set(result.actual.models) | {a.key for a in plan.of(*changing)}):
             by_type = {a.type: a for a in plan.for_key(key)}
             if ActionType.DELETE_MODEL in by_type or ActionType.STOP_MODEL in by_type:
                 touched.append(key)
                 continue
             change = next((by_type[t] for t in changing if t in by_type), None)
-            deployed = serve.apps.get(app_name(key.user, key.name))
             if change is not None and change.source_path:
-                spec = desired.models[key]
-                apps.append(model_app_config(spec, desired.cluster, change.source_path, change.spec_hash or ""))
-                touched.append(key)
-            elif deployed is not None:
-                apps.append(deployed)  # carried through exactly as it runs
+                changes.append((key, change))
+                continue
+            name = app_name(key.user, key.name)
+            deployed = serve.apps.get(name)
+            if deployed is not None and name not in apps:
+                apps[name], holders[name] = deployed, key  # carried through exactly as it runs
+        # Oldest first: a name two objects derive belongs to the one that had it first.
+        changes.sort(key=lambda kc: (desired.models[kc[0]].created_at, kc[0]))
+        for key, change in changes:
+            name = app_name(key.user, key.name)
+            if holders.get(name, key) != key:
+                result.failures[key] = f"Serve application name {name} is already used by {holders[name]}"
+                continue
+            try:
+                app = model_app_config(desired.models[key], desired.cluster, change.source_path, change.spec_hash or "")
+                json.dumps(app)  # what the PUT sends must be JSON: fail this model, not the PUT
+            except Exception as exc:
+                log.warning("cannot build the application of %s: %r", key, exc)
+                result.failures[key] = f"cannot build its Serve application: {exc}"
+                continue
+            apps[name], holders[name] = app, key
+            touched.append(key)
         error = self._try(
             lambda: setattr(
-                result, "serve_put", apply_serve(self.dash, apps, serve, desired.cluster, memo=self._put_memo)
+                result,
+                "serve_put",
+                apply_serve(self.dash, list(apps.values()), serve, desired.cluster, memo=self._put_memo),
             )
         )
         if result.serve_put:
@@ -363,7 +509,8 @@ class Reconciler:
     @staticmethod
     def _try(fn: Callable[[], object]) -> str | None:
         """Run one apply step; return None on success or the error text. Ray being
-        unreachable is not an apply failure: it propagates and the tick stops."""
+        unreachable is not an apply failure: it propagates and the tick stops. Anything
+        else (an error nobody foresaw included) fails this step only."""
         try:
             fn()
         except RayUnavailable:
@@ -371,4 +518,15 @@ class Reconciler:
         except ArgusError as exc:
             log.warning("apply failed: %s", exc)
             return str(exc)
+        except Exception as exc:
+            log.error("apply failed unexpectedly", exc_info=exc)
+            return f"internal error: {exc!r}"
+        return None
+
+
+def _key_of(path: str) -> ObjectKey | None:
+    """The object a path under ``users/`` names, or None (not an object path, or unparseable)."""
+    try:
+        return classify(path)[0]
+    except Exception:
         return None

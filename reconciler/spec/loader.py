@@ -169,11 +169,14 @@ def load(
         doc, file_issues = _parse_checked(file, KIND_OF_FOLDER[key.kind + "s"], cache)
         when = created.get(file.path, default_time)
         memo: tuple[object, ...] | None = None
-        if fs is None and doc is not None and not file_issues:
+        # Offline, or a file system whose answers are frozen per generation (CachedFS): then
+        # the built object is a pure function of the key, and unchanged files are not rebuilt.
+        generation = getattr(fs, "generation", None)
+        if (fs is None or generation is not None) and doc is not None and not file_issues:
             source = doc.data.get("source")
             has_task = isinstance(source, str) and source.startswith("task:") and (key.user, source[5:]) in task_names
             checks = (id(task_check) if task_check else None, id(model_check) if model_check else None)
-            memo = (file.path, file.blob, when, cluster_blob, checks, has_task)
+            memo = (file.path, file.blob, when, cluster_blob, checks, has_task, generation)
             used.append(memo)
             built = cache.built.get(memo)
             if built is not None:

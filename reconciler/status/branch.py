@@ -11,7 +11,9 @@ from typing import Any
 import yaml
 
 from reconciler import faults
+from reconciler.errors import ConcurrentWrite
 from reconciler.source.git import git
+from reconciler.status.documents import LOADER
 
 AUTHOR = {
     "GIT_AUTHOR_NAME": "argus",
@@ -49,7 +51,7 @@ def read_documents(repo: str, branch: str, *, remote_too: bool = False) -> dict[
         end = out.index(b"\n", pos)
         size = int(out[pos:end].split()[2])
         try:
-            data = yaml.safe_load(out[end + 1 : end + 1 + size])
+            data = yaml.load(out[end + 1 : end + 1 + size], Loader=LOADER)
         except yaml.YAMLError:
             data = None
         if isinstance(data, dict):
@@ -85,7 +87,8 @@ def commit_tree(repo: str, branch: str, blobs: Mapping[str, str], message: str, 
 
     Returns the new commit, or None when the tree equals the parent's (no empty commits).
     The ref moves with compare-and-swap from ``parent``: a concurrent writer is never
-    overwritten (git refuses, and the caller retries from the new tip).
+    overwritten. Raises ConcurrentWrite when the ref is no longer at ``parent`` (the caller
+    re-reads the branch and retries from the new tip).
     """
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, **AUTHOR, "GIT_INDEX_FILE": os.path.join(tmp, "index")}
@@ -111,8 +114,24 @@ def commit_tree(repo: str, branch: str, blobs: Mapping[str, str], message: str, 
             .strip()
         )
     faults.point("status_commit")  # objects written, ref not yet moved
-    git(repo, "update-ref", f"refs/heads/{branch}", commit, parent or "0" * 40)
+    moved = subprocess.run(
+        ["git", "-C", repo, "update-ref", f"refs/heads/{branch}", commit, parent or "0" * 40], capture_output=True
+    )
+    if moved.returncode != 0:
+        raise ConcurrentWrite(f"{branch} is no longer at {parent}: {moved.stderr.decode(errors='replace').strip()}")
     return commit
+
+
+def read_file(repo: str, commit: str, path: str) -> dict[str, Any]:
+    """The YAML mapping in ``path`` at ``commit``; {} when absent or not a mapping."""
+    proc = subprocess.run(["git", "-C", repo, "show", f"{commit}:{path}"], capture_output=True)
+    if proc.returncode != 0:
+        return {}
+    try:
+        data = yaml.load(proc.stdout, Loader=LOADER)
+    except yaml.YAMLError:
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def write_note(repo: str, commit: str, text: str, ref: str = "argus", *, replace: bool = True) -> bool:

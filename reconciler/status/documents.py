@@ -1,12 +1,16 @@
-"""Status documents: one YAML file per object and a README table. Pure.
+"""Status documents: one YAML file per object, a README table and ``revision.yaml``. Pure.
 
-Nothing here changes between two ticks unless the object changed, so an idle daemon makes
-no commits: times recorded are transition times, never "now".
+Nothing in an object's document changes unless that object changed (its state, replicas,
+runs, events or its own file), so an idle daemon makes no commits and a push that touches
+one file changes one document: times recorded are transition times, never "now", and the
+revision the daemon last attempted for the whole repository lives in ``revision.yaml`` and
+the README only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import yaml
@@ -32,30 +36,38 @@ def object_document(
     endpoint: str,
     log_tails: Mapping[str, list[str]],
     checkpoints: Mapping[str, str | None],
+    spec_id: str | None = None,
+    redact: Callable[[str], str] = str,
 ) -> dict[str, Any]:
     """Return the status document of one object, carrying history over from ``previous``.
 
-    ``applied``: the object matches (or was just made to match) ``revision``; then it becomes
-    ``last_applied``. ``now`` is used only when the state changes.
+    ``spec_id`` identifies the object's own file content (its git blob; None when it has no
+    file): ``revision.last_attempted`` is the desired revision at which that content was
+    first seen, ``revision.last_applied`` the one at which it was applied (``applied``: the
+    object matches its file now). Neither moves on pushes that leave the object alone.
+    ``now`` is used only when the state changes. Every text passes through ``redact``.
     """
     prev = dict(previous or {})
+    reason = redact(st.reason)
     events = list(prev.get("events", []))
-    changed = (prev.get("state"), prev.get("sync"), prev.get("reason", "")) != (st.state, st.sync, st.reason)
+    changed = (prev.get("state"), prev.get("sync"), prev.get("reason", "")) != (st.state, st.sync, reason)
     last_transition = prev.get("last_transition")
     if changed or last_transition is None:
         last_transition = now
-        events.append({"time": now, "state": st.state, "sync": st.sync, "reason": st.reason})
+        events.append({"time": now, "state": st.state, "sync": st.sync, "reason": reason})
     revisions = dict(prev.get("revision", {}))
-    if revision:
-        revisions["last_attempted"] = revision
-        if applied:
+    if revision and spec_id is not None:
+        if prev.get("spec_id") != spec_id or "last_attempted" not in revisions:
+            revisions["last_attempted"] = revision
+        if applied and revisions.get("applied_spec_id") != spec_id:
             revisions["last_applied"] = revision
+            revisions["applied_spec_id"] = spec_id
     doc: dict[str, Any] = {
         "object": str(st.key),
         "kind": "Model" if st.key.kind == "model" else "Task",
         "state": st.state,
         "sync": st.sync,
-        "reason": st.reason,
+        "reason": reason,
     }
     if st.key.kind == "model":
         doc["served_name"] = st.served_name
@@ -65,6 +77,8 @@ def object_document(
         doc["submission_id"] = st.submission_id
     doc["gpus"] = st.gpus
     doc["revision"] = revisions
+    if spec_id is not None or "spec_id" in prev:
+        doc["spec_id"] = spec_id if spec_id is not None else prev["spec_id"]
     doc["last_transition"] = last_transition
     first_seen = prev.get("first_seen") or (_iso(st.first_seen) if st.first_seen is not None else None)
     if first_seen:  # recorded once, never changed: the first-come-first-served order survives restarts
@@ -75,7 +89,16 @@ def object_document(
         before = {r.get("submission_id"): r for r in prev.get("runs") or [] if isinstance(r, dict)}
         doc["runs"] = [
             _keep(
-                _run(j.submission_id, j.status, j.message, j.start_time, j.end_time, log_tails, checkpoints)
+                _run(
+                    j.submission_id,
+                    j.status,
+                    redact(j.message),
+                    j.start_time,
+                    j.end_time,
+                    log_tails,
+                    checkpoints,
+                    redact,
+                )
                 | {"spec_hash": j.spec_hash},
                 before.get(j.submission_id),
             )
@@ -93,6 +116,7 @@ def _run(
     end: int | None,
     log_tails: Mapping[str, list[str]],
     checkpoints: Mapping[str, str | None],
+    redact: Callable[[str], str],
 ) -> dict[str, Any]:
     run: dict[str, Any] = {"submission_id": sid, "status": status, "start_time": _ms(start), "end_time": _ms(end)}
     if message:
@@ -101,7 +125,7 @@ def _run(
         run["checkpoint"] = checkpoints[sid]
     # Only finished runs keep a log tail: a live tail would make a commit every tick.
     if status in FINAL_JOB_STATES and log_tails.get(sid):
-        run["log_tail"] = log_tails[sid]
+        run["log_tail"] = [redact(line) for line in log_tails[sid]]
     return run
 
 
@@ -150,30 +174,71 @@ def first_seen_of(docs: Mapping[str, Mapping[str, Any]]) -> dict[ObjectKey, int]
     return out
 
 
+# libyaml's C emitter when PyYAML was built with it: ~10x faster than the pure-Python one.
+_DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+# Status documents are written by argus only, so the C loader's plain safe parsing is enough.
+LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def dump(doc: Mapping[str, Any]) -> bytes:
-    text: str = yaml.safe_dump(dict(doc), sort_keys=False, allow_unicode=True, width=1000)
+    """One status document as YAML (keys in document order, unicode kept, no line folding)."""
+    text: str = yaml.dump(dict(doc), Dumper=_DUMPER, sort_keys=False, allow_unicode=True, width=1000)
     return text.encode()
 
 
-def readme(docs: Mapping[str, Mapping[str, Any]], *, revision: str | None, errors: list[str]) -> bytes:
-    """The status branch's README.md: a markdown table of every object."""
+def dump_json(data: Any) -> bytes:
+    """Machine-read files (``actual.json``): the C JSON encoder, one list entry per line so that
+    a change shows as a small diff."""
+    if not isinstance(data, Mapping):
+        return (json.dumps(data, sort_keys=True) + "\n").encode()
+    parts = []
+    for name in sorted(data):
+        value = data[name]
+        if isinstance(value, list) and value:
+            inner = ",\n  ".join(json.dumps(v, sort_keys=True) for v in value)
+            parts.append(f"{json.dumps(name)}: [\n  {inner}\n ]")
+        else:
+            parts.append(f"{json.dumps(name)}: {json.dumps(value, sort_keys=True)}")
+    return ("{\n " + ",\n ".join(parts) + "\n}\n").encode()
+
+
+TABLE_HEAD = (
+    "| user | kind | name | state | sync | endpoint / job | updated |",
+    "|---|---|---|---|---|---|---|",
+)
+
+
+def readme_row(path: str, doc: Mapping[str, Any]) -> str:
+    """The README table row of one status document."""
+    user, kinds, name = path.split("/")[1], path.split("/")[2], path.split("/")[3].removesuffix(".yaml")
+    where = f"`{doc.get('served_name')}`" if kinds == "models" else f"`{doc.get('submission_id') or '-'}`"
+    cells = [user, kinds[:-1], name, doc.get("state"), doc.get("sync"), where, doc.get("last_transition")]
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def readme(
+    rows: Mapping[str, str],
+    *,
+    revision: str | None,
+    errors: list[str],
+    last_applied: str | None = None,
+    daemon_error: str | None = None,
+) -> bytes:
+    """The status branch's README.md: a markdown table of every object (``rows``: path -> row)."""
     lines = [
         "# argus status",
         "",
         "Written by the argus daemon; do not edit. "
-        "One file per object mirrors `users/<user>/{models,tasks}/<name>.yaml`.",
+        "One file per object mirrors `users/<user>/{models,tasks}/<name>.yaml`; "
+        "`revision.yaml` holds the desired revisions.",
         "",
-        f"Desired revision: `{revision or 'unknown'}`",
+        f"Desired revision: `{revision or 'unknown'}` (last applied without failures: `{last_applied or 'none'}`)",
         "",
-        "| user | kind | name | state | sync | endpoint / job | updated |",
-        "|---|---|---|---|---|---|---|",
     ]
-    for path in sorted(docs):
-        d = docs[path]
-        user, kinds, name = path.split("/")[1], path.split("/")[2], path.split("/")[3].removesuffix(".yaml")
-        where = f"`{d.get('served_name')}`" if kinds == "models" else f"`{d.get('submission_id') or '-'}`"
-        cells = [user, kinds[:-1], name, d.get("state"), d.get("sync"), where, d.get("last_transition")]
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    if daemon_error:
+        lines += [f"**The daemon's last tick failed:** `{daemon_error}` (it retries with back-off)", ""]
+    lines += [*TABLE_HEAD]
+    lines += [rows[path] for path in sorted(rows)]
     if errors:
         lines += ["", "## Validation errors at this revision", ""] + [f"- `{e}`" for e in errors]
     return ("\n".join(lines) + "\n").encode()

@@ -1,23 +1,32 @@
-"""Write one tick's outcome to git, once per reconcile: the status branch and a git note. I/O."""
+"""Write one tick's outcome to git: the status branch and a git note. I/O.
+
+Work is O(changed objects): a document is rebuilt only when its inputs (the object's status,
+file, log tails) differ from the last write, serialised (libyaml's C emitter) and hashed
+only when it differs from what the branch holds, and the README table is re-assembled from
+cached rows. The ref moves by compare-and-swap: a concurrent writer's commit is re-read and
+built upon, never overwritten.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconciler.errors import SourceUnavailable
+from reconciler.errors import ConcurrentWrite
 from reconciler.plan.actions import ActionType, Plan
 from reconciler.plan.assess import ObjectStatus
 from reconciler.source.remote import RepoSource
-from reconciler.status.branch import commit_tree, hash_blobs, read_documents, tip, tree_blobs, write_note
-from reconciler.status.documents import dump, object_document, readme
+from reconciler.status.branch import commit_tree, hash_blobs, read_documents, read_file, tip, tree_blobs, write_note
+from reconciler.status.documents import dump, dump_json, object_document, readme, readme_row
 
 log = logging.getLogger("argus")
 NOTES_REF = "argus"
+ROOT_FILE = "revision.yaml"
+MAX_ATTEMPTS = 5
 
 
 def utc_now() -> str:
@@ -26,7 +35,10 @@ def utc_now() -> str:
 
 @dataclass
 class StatusReport:
-    """What to write for one tick (built by the daemon from a TickResult)."""
+    """What to write for one tick (built by the daemon from a TickResult).
+
+    ``spec_ids``: path -> the object's file blob (its own spec revision); ``daemon_error``:
+    the last tick failed unexpectedly (shown in the README until a tick succeeds)."""
 
     revision: str | None
     statuses: Mapping[Any, ObjectStatus]
@@ -39,28 +51,53 @@ class StatusReport:
     checkpoints: Mapping[str, str | None] = field(default_factory=dict)
     source_error: str | None = None
     actual: Mapping[str, Any] | None = None  # ActualState.to_json(), published for `argus plan --actual`
+    spec_ids: Mapping[str, str] = field(default_factory=dict)
+    subject: str = ""
+    daemon_error: str | None = None
+
+
+def no_redaction(text: str) -> str:
+    """The default: text as it is (the daemon passes a Redactor)."""
+    return text
 
 
 @dataclass
 class StatusWriter:
-    """Writes the status branch (and notes) of ``source``; pushes when it is a remote."""
+    """Writes the status branch (and notes) of ``source``; pushes when it is a remote.
+
+    ``redact`` is applied to every text written (documents, README, notes, messages)."""
 
     source: RepoSource
     branch: str = "argus/status"
     endpoint: str = "http://127.0.0.1:8000/v1"
     now: Callable[[], str] = utc_now
+    redact: Callable[[str], str] = no_redaction
     commits: int = 0
-    # What this writer knows the branch holds (valid while the tip is ``_tip``): documents
-    # and blob ids, so a tick re-serialises and re-hashes only the objects that changed.
+    files_changed: int = 0  # files the last commit changed (for benchmarks and tests)
+    # What this writer knows the branch holds (valid while the tip is ``_tip``): documents,
+    # blob ids, README rows and the inputs each document was built from.
     _tip: str | None = None
     _docs: dict[str, dict[str, Any]] = field(default_factory=dict)
     _blobs: dict[str, str] = field(default_factory=dict)
+    _rows: dict[str, str] = field(default_factory=dict)
+    _inputs: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    _root: dict[str, Any] = field(default_factory=dict)
+    _last_actual: Mapping[str, Any] | None = None
+    _written: dict[str, bytes] = field(default_factory=dict)  # README.md / revision.yaml as last written
+    _lock: threading.RLock = field(default_factory=threading.RLock)
 
     def write(self, report: StatusReport) -> str | None:
         """Commit the status tree if anything changed; note the desired commit. Returns the
-        new status commit (None when nothing changed). Retries a rejected push after a fetch."""
-        for _attempt in range(4):
-            commit = self._commit(report)
+        new status commit (None when nothing changed). A lost race (the ref moved, the push
+        was rejected) re-reads the branch and builds on the other side's commit."""
+        for _attempt in range(MAX_ATTEMPTS):
+            try:
+                commit = self._commit(report)
+            except ConcurrentWrite as exc:
+                # Recorded runs (this writer's other thread) or another writer moved the ref:
+                # the next attempt starts from the new tip (re-read when it is not ours).
+                log.info("status branch moved under us (%s); retrying on the new tip", exc)
+                continue
             noted = self._note(report)
             if commit is None and not noted:
                 return None
@@ -71,15 +108,16 @@ class StatusWriter:
                 return commit
             log.info("status push rejected; fetching and retrying")
             self.source.fetch()
-        log.warning("status push kept failing; will retry next tick")
+        log.warning("status write kept losing races; will retry next tick")
         return None
 
     def documents(self) -> dict[str, dict[str, Any]]:
         """The status documents the branch holds now (re-read only when its tip moved).
 
         The run records in them are what the planner treats as runs (never resubmitted)."""
-        self._refresh()
-        return self._docs
+        with self._lock:
+            self._refresh()
+            return self._docs
 
     def record_runs(self, runs: list[tuple[Any, str, str]]) -> bool:
         """Record ``(task key, submission id, spec hash)`` runs as SUBMITTED on the branch, and
@@ -87,9 +125,10 @@ class StatusWriter:
         kill at any later point (and a Ray head restart) can never make it run twice.
 
         Returns False when the record could not be made durable (then nothing is submitted)."""
-        for _attempt in range(4):
-            parent = self._refresh()
-            docs = dict(self._docs)
+        for _attempt in range(MAX_ATTEMPTS):
+            with self._lock:
+                parent = self._refresh()
+                docs, known = dict(self._docs), dict(self._blobs)
             for key, sid, spec_hash in runs:
                 doc = dict(docs.get(key.path) or {"object": str(key), "kind": "Task", "state": "SUBMITTED"})
                 old = doc.get("runs")
@@ -98,82 +137,170 @@ class StatusWriter:
                 doc["runs"] = [*recorded, {"submission_id": sid, "spec_hash": spec_hash, "status": "SUBMITTED"}]
                 docs[key.path] = doc
             changed = {key.path: dump(docs[key.path]) for key, _sid, _hash in runs}
-            blobs = {**self._blobs, **hash_blobs(self.source.repo.path, changed)}
+            blobs = {**known, **hash_blobs(self.source.repo.path, changed)}
             message = "argus: submitting " + ", ".join(sid for _key, sid, _hash in runs) + "\n"
             try:
                 commit = commit_tree(self.source.repo.path, self.branch, blobs, message, parent)
-            except SourceUnavailable:
+            except ConcurrentWrite:
                 continue  # the ref moved under us (compare-and-swap): re-read and retry
             if commit is None or self.source.push([f"refs/heads/{self.branch}"]):
                 if commit is not None:
-                    self._tip, self._docs, self._blobs = commit, docs, blobs
-                    self.commits += 1
+                    with self._lock:
+                        if self._tip == parent:
+                            self._tip, self._docs, self._blobs = commit, docs, blobs
+                            for key, _sid, _hash in runs:  # rebuilt from the record by the next write
+                                self._inputs.pop(key.path, None)
+                                self._rows[key.path] = readme_row(key.path, docs[key.path])
+                        self.commits += 1
                 return True
             self.source.fetch()
         log.warning("could not record runs on the status branch; not submitting them this tick")
         return False
 
     def _refresh(self) -> str | None:
-        """Re-read the branch when its tip is not the one this writer knows. Returns the tip."""
-        repo = self.source.repo.path
-        parent = tip(repo, self.branch)
+        """Re-read the branch when its tip is not the one this writer knows (call under the
+        lock). Returns the tip."""
+        parent = tip(self.source.repo.path, self.branch)
         if parent != self._tip:  # first use, or someone else moved the branch: re-read it
-            self._docs = read_documents(repo, self.branch) if parent else {}
-            self._blobs = tree_blobs(repo, parent) if parent else {}
-            self._tip = parent
+            self._reload(parent)
         return parent
+
+    def _reload(self, parent: str | None) -> None:
+        """Forget the cache and read what the branch holds at ``parent``."""
+        repo = self.source.repo.path
+        self._docs = read_documents(repo, self.branch) if parent else {}
+        self._blobs = tree_blobs(repo, parent) if parent else {}
+        self._root = read_file(repo, parent, ROOT_FILE) if parent else {}
+        self._rows = {path: readme_row(path, doc) for path, doc in self._docs.items()}
+        self._inputs = {}
+        self._tip = parent
 
     def _commit(self, report: StatusReport) -> str | None:
         repo = self.source.repo.path
-        parent = self._refresh()
-        previous = self._docs
+        with self._lock:  # a consistent view of the cache; built and committed outside the lock
+            parent = self._refresh()
+            previous, known_inputs, known_blobs = self._docs, dict(self._inputs), dict(self._blobs)
+            known_rows, known_written = dict(self._rows), dict(self._written)
+            last_actual = self._last_actual
         docs: dict[str, dict[str, Any]] = {}
+        inputs: dict[str, tuple[Any, ...]] = {}
+        changed_docs: dict[str, dict[str, Any]] = {}
         transitions: list[str] = []
         now = self.now()
-        for key, st in report.statuses.items():
-            prev = previous.get(key.path)
+        unknown = report.revision is None  # source unreadable or tick failed: keep every object's status
+        if unknown:
+            docs, inputs = dict(previous), dict(known_inputs)
+        for key, st in () if unknown else report.statuses.items():
+            path = key.path
+            prev = previous.get(path)
             applied = (
                 key not in report.failed_keys
                 and st.sync in ("Synced", "OutOfSync")
                 and (st.sync == "Synced" or key in report.applied_keys)
             )
-            doc = object_document(
-                st,
-                prev,
-                revision=report.revision,
-                applied=applied,
-                now=now,
-                endpoint=self.endpoint,
-                log_tails=report.log_tails,
-                checkpoints=report.checkpoints,
-            )
+            spec_id = report.spec_ids.get(path)
+            tails = tuple(j.submission_id in report.log_tails for j in st.runs)
+            checkpoints = tuple(report.checkpoints.get(j.submission_id) for j in st.runs)
+            # The revision is not an input: an object's document moves only with its own file.
+            signature = (st, applied, spec_id, tails, checkpoints)
+            if prev is not None and known_inputs.get(path) == signature:
+                docs[path], inputs[path] = prev, signature  # nothing about this object changed
+                continue
+            try:
+                doc = object_document(
+                    st,
+                    prev,
+                    revision=report.revision,
+                    applied=applied,
+                    now=now,
+                    endpoint=self.endpoint,
+                    log_tails=report.log_tails,
+                    checkpoints=report.checkpoints,
+                    spec_id=spec_id,
+                    redact=self.redact,
+                )
+            except Exception as exc:  # one object's document must not stop the others'
+                log.error("status document of %s failed", key, exc_info=exc)
+                if prev is not None:
+                    docs[path] = prev
+                continue
+            inputs[path] = signature
             if prev is None or (prev.get("state"), prev.get("sync")) != (doc["state"], doc["sync"]):
                 before = f"{prev.get('state')}/{prev.get('sync')}" if prev else "new"
                 transitions.append(f"{key}: {before} -> {doc['state']}/{doc['sync']}")
-            docs[key.path] = doc
-        if report.source_error:
-            docs = previous  # the source is unreadable: say so, but keep every object's status
-        for path in sorted(set(previous) - set(docs)):
+            if prev != doc or path not in known_blobs:
+                changed_docs[path] = doc
+            docs[path] = doc if prev != doc else prev
+        removed = sorted(set(previous) - set(docs))
+        for path in removed:
             transitions.append(f"{path.removeprefix('users/').removesuffix('.yaml')}: removed")
-        errors = list(report.errors)
+        changed: dict[str, bytes] = {}
+        for path, doc in changed_docs.items():
+            try:
+                changed[path] = dump(doc)
+            except Exception as exc:
+                log.error("status document %s cannot be written", path, exc_info=exc)
+                docs.pop(path, None)
+                if path in previous:
+                    docs[path] = previous[path]
+        rows = dict(known_rows)
+        for path in removed:
+            rows.pop(path, None)
+        for path in changed:
+            rows[path] = readme_row(path, docs[path])
+        root = self._root_document(report)
+        errors = [self.redact(e) for e in report.errors]
         if report.source_error:
-            errors.insert(0, f"source unavailable: {report.source_error}")
-        changed = {
-            path: dump(doc) for path, doc in docs.items() if previous.get(path) != doc or path not in self._blobs
-        }
-        changed["README.md"] = readme(docs, revision=report.revision, errors=errors + report.notes)
-        if report.actual is not None:
-            changed["actual.json"] = (json.dumps(report.actual, indent=1, sort_keys=True) + "\n").encode()
-        blobs = {path: self._blobs[path] for path in docs if path not in changed}
-        if report.actual is None and "actual.json" in self._blobs:
-            blobs["actual.json"] = self._blobs["actual.json"]  # source unavailable: keep the last one
+            errors.insert(0, f"source unavailable: {self.redact(report.source_error)}")
+        changed["README.md"] = readme(
+            rows,
+            revision=root.get("revision", {}).get("last_attempted"),
+            errors=errors + [self.redact(n) for n in report.notes],
+            last_applied=root.get("revision", {}).get("last_applied"),
+            daemon_error=root.get("daemon_error"),
+        )
+        changed[ROOT_FILE] = dump(root)
+        actual = report.actual if report.actual is not None else None
+        if actual is not None and (actual != last_actual or "actual.json" not in known_blobs):
+            changed["actual.json"] = dump_json(actual)
+        written = {p: changed[p] for p in ("README.md", ROOT_FILE)}
+        for path in written:  # rebuilt every write (cheap): hashed only when they differ
+            if known_written.get(path) == changed[path] and path in known_blobs:
+                del changed[path]
+        keep = set(docs) | {"README.md", ROOT_FILE, "actual.json"}
+        blobs = {path: known_blobs[path] for path in keep if path not in changed and path in known_blobs}
         blobs.update(hash_blobs(repo, changed))
         subject = f"argus: {len(transitions)} transition(s) at {(report.revision or 'unknown')[:12]}"
         message = subject + ("\n\n" + "\n".join(transitions) if transitions else "") + "\n"
         commit = commit_tree(repo, self.branch, blobs, message, parent)
-        if commit is not None:
-            self._tip, self._docs, self._blobs = commit, docs, blobs
+        self.files_changed = sum(1 for p in set(blobs) | set(known_blobs) if blobs.get(p) != known_blobs.get(p))
+        with self._lock:
+            if (commit is not None or parent is not None) and self._tip == parent:
+                self._tip = commit or parent
+                self._docs, self._blobs, self._rows, self._inputs, self._root = docs, blobs, rows, inputs, root
+                self._written = written
+                if actual is not None:
+                    self._last_actual = actual
         return commit
+
+    def _root_document(self, report: StatusReport) -> dict[str, Any]:
+        """``revision.yaml``: the desired revision last attempted and last applied without a
+        failure, for the whole repository (object documents do not carry it)."""
+        root = {k: v for k, v in self._root.items() if k != "daemon_error"}
+        revisions = dict(root.get("revision") or {})
+        if report.revision:
+            revisions["last_attempted"] = report.revision
+            if not report.failed_keys:
+                revisions["last_applied"] = report.revision
+            root["subject"] = self.redact(report.subject)
+        root["revision"] = revisions
+        if report.source_error:
+            root["source_error"] = self.redact(report.source_error)
+        else:
+            root.pop("source_error", None)
+        if report.daemon_error:
+            root["daemon_error"] = self.redact(report.daemon_error)
+        return root
 
     def _note(self, report: StatusReport) -> bool:
         if not report.revision:
@@ -193,5 +320,5 @@ class StatusWriter:
         # The first tick on a commit writes its note; later ticks replace it only when they
         # act (a queued model finally deploying), so "in sync" never hides what the push did.
         acted = report.plan is not None and report.plan.has_changes
-        text = "\n".join(lines) + "\n"
+        text = self.redact("\n".join(lines) + "\n")
         return write_note(self.source.repo.path, report.revision, text, NOTES_REF, replace=acted)

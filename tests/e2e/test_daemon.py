@@ -293,6 +293,7 @@ def test_source_unavailable_deletes_nothing_and_recovers(env: Env) -> None:
 
 
 def test_ray_unreachable_backs_off_and_applies_nothing(env: Env, tmp_path: Path) -> None:
+    env.daemon.stop()  # one daemon per repository (the lease): this one takes its place
     lost = DaemonProc(env.repo, env.head, tmp_path)
     lost.head = replace(env.head, ports={**env.head.ports, "dashboard-port": free_port()})  # nobody listens
     lost.start()
@@ -311,6 +312,7 @@ def test_ray_unreachable_backs_off_and_applies_nothing(env: Env, tmp_path: Path)
         assert "ray_unavailable" in lost.log()
     finally:
         lost.stop()
+        env.daemon.start()
     assert status(env.repo)["state"] == "RUNNING"
 
 

@@ -1,0 +1,94 @@
+"""A stand-in for the Ray dashboard's REST API, for fuzz tests of whole ticks (no Ray).
+
+It answers the few endpoints argus calls the way Ray 2.60 does, including the failure
+modes that matter: a body that is not JSON cannot be sent (the real client serialises it
+first), a second job with the same submission id is refused with HTTP 500 "already exists",
+a PUT with two applications of one name is refused with HTTP 400. Everything runs at once:
+applications are RUNNING and jobs PENDING as soon as they are accepted.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from typing import Any
+
+from reconciler.dashboard import Dashboard, DashboardError
+
+_JOB = re.compile(r"^/api/jobs/([^/]+)(/logs|/stop)?$")
+
+
+class FakeRay(Dashboard):
+    """``FakeRay(foreign_apps={...})``; ``puts`` and ``submits`` count what argus sent."""
+
+    def __init__(self, *, foreign_apps: dict[str, dict[str, Any]] | None = None, gpus: float | None = None) -> None:
+        super().__init__("http://fake-ray")
+        self.apps: dict[str, dict[str, Any]] = copy.deepcopy(foreign_apps or {})
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.gpus = gpus  # None: no nodes reported (capacity unknown)
+        self.puts = 0
+        self.submits = 0
+        self.http_options: dict[str, Any] | None = None
+
+    def request(self, method: str, path: str, body: Any = None, *, timeout: float | None = None) -> Any:
+        if body is not None:
+            body = json.loads(json.dumps(body))  # what the real client would send, or TypeError
+        if path == "/api/serve/applications/":
+            return self._put(body) if method == "PUT" else self._serve()
+        if path.startswith("/api/v0/nodes"):
+            nodes = [] if self.gpus is None else [{"state": "ALIVE", "resources_total": self._totals()}]
+            return {"data": {"result": {"result": nodes}}}
+        if path == "/api/cluster_status":
+            return {"data": {"clusterStatus": {"loadMetricsReport": {"usage": {}}}}}
+        if path == "/api/jobs/":
+            return self._submit(body) if method == "POST" else [copy.deepcopy(j) for j in self.jobs.values()]
+        match = _JOB.match(path)
+        if match:
+            sid, what = match.group(1), match.group(2)
+            if sid not in self.jobs:
+                raise DashboardError(method, path, 404, f"Job {sid} does not exist")
+            if what == "/logs":
+                return {"logs": ""}
+            if what == "/stop":
+                self.jobs[sid]["status"] = "STOPPED"
+                return {"stopped": True}
+            return copy.deepcopy(self.jobs[sid])
+        raise DashboardError(method, path, 404, "not found")
+
+    def _totals(self) -> dict[str, float]:
+        return {"CPU": 1e6, "GPU": float(self.gpus or 0), "worker_node": 1e6, "memory": 1e12}
+
+    def _serve(self) -> dict[str, Any]:
+        apps = {}
+        for name, config in self.apps.items():
+            deployments = {
+                d["name"]: {"status": "HEALTHY", "replicas": [{"state": "RUNNING", "replica_id": f"{name}#1"}]}
+                for d in config.get("deployments") or []
+            }
+            apps[name] = {
+                "name": name,
+                "status": "RUNNING",
+                "message": "",
+                "source": "declarative",
+                "deployed_app_config": copy.deepcopy(config),
+                "deployments": deployments,
+                "last_deployed_time_s": 0.0,
+            }
+        return {"applications": apps, "http_options": self.http_options, "proxy_location": "EveryNode"}
+
+    def _put(self, body: dict[str, Any]) -> None:
+        names = [a["name"] for a in body["applications"]]
+        if len(names) != len(set(names)):
+            raise DashboardError("PUT", "/api/serve/applications/", 400, "Application names must be unique")
+        self.puts += 1
+        self.http_options = body.get("http_options")
+        self.apps = {a["name"]: a for a in body["applications"]}
+
+    def _submit(self, body: dict[str, Any]) -> dict[str, Any]:
+        sid = body["submission_id"]
+        if sid in self.jobs:
+            raise DashboardError("POST", "/api/jobs/", 500, f"Job with submission_id {sid} already exists.")
+        self.submits += 1
+        self.jobs[sid] = {**body, "status": "PENDING", "message": "", "start_time": None, "end_time": None}
+        return {"submission_id": sid}

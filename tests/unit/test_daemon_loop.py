@@ -1,0 +1,172 @@
+"""The loop's promises, with real git and the dashboard stand-in (no Ray needed):
+a tick that raises is the last line of defence's, two daemons never both apply, and the
+status write never holds up the next push."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from reconciler import tick as tick_module
+from reconciler.loop import Daemon
+from reconciler.server import Metrics
+from reconciler.source.remote import open_source
+from reconciler.status.branch import read_documents
+from reconciler.status.lease import Lease
+from reconciler.status.writer import StatusReport, StatusWriter
+from reconciler.tick import Reconciler
+from tests.support import ConfigRepo, cluster_yaml, git
+from tests.unit.fake_ray import FakeRay
+from tests.unit.test_fuzz_ticks import AllowAll
+
+TASK = {"kind": "Task", "workload": "command", "command": "true"}
+
+
+def _repo(tmp_path: Path) -> ConfigRepo:
+    repo = ConfigRepo(tmp_path)
+    repo.write("cluster.yaml", cluster_yaml(tmp_path / "hf", tmp_path / "users", 8000))
+    repo.write("users/alice/tasks/a.yaml", TASK)
+    repo.commit_push("alice: a")
+    return repo
+
+
+def _daemon(
+    repo: ConfigRepo, ray: FakeRay, *, lease: Lease | None = None, background: bool = False, **kw: Any
+) -> Daemon:
+    source = open_source(str(repo.bare), str(repo.bare) + "-cache")
+    reconciler = Reconciler(source, "main", ray, fs=AllowAll(), secrets_env={}, task_check=lambda t, c: [])
+    writer = StatusWriter(source)
+    return Daemon(reconciler, writer, lease=lease, background_status=background, metrics=Metrics(), **kw)
+
+
+def _readme(repo: ConfigRepo) -> str:
+    return git(repo.bare, "show", "argus/status:README.md")
+
+
+def test_an_unexpected_exception_is_logged_once_counted_shown_and_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    repo = _repo(tmp_path)
+    ray = FakeRay()
+    daemon = _daemon(repo, ray)
+    assert daemon.run_once() == 0.0
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("a bug nobody foresaw")
+
+    # The observation step is not per object: an exception there is the loop's to contain.
+    monkeypatch.setattr(tick_module, "observe_capacity", broken)
+    with caplog.at_level(logging.ERROR, logger="argus"):
+        first, second = daemon.run_once(), daemon.run_once()
+    assert 0 < first < second  # backs off, and keeps backing off
+    logged = [r for r in caplog.records if "tick_exception" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info is not None  # once, with its traceback
+    health = daemon.health()
+    assert health["ok"] is False and "a bug nobody foresaw" in health["tick_exception"]
+    metrics = daemon.metrics.render()
+    assert "argus_tick_exceptions_total 2.0" in metrics or 'argus_errors_total{kind="tick"} 2' in metrics
+    assert "The daemon's last tick failed" in _readme(repo) and "a bug nobody foresaw" in _readme(repo)
+    assert read_documents(str(repo.bare), "argus/status")["users/alice/tasks/a.yaml"]["state"] == "SUBMITTED"
+
+    monkeypatch.undo()
+    assert daemon.run_once() == 0.0  # recovers by itself
+    assert daemon.health()["ok"] is True and "tick_exception" not in daemon.health()
+    assert "The daemon's last tick failed" not in _readme(repo)
+
+
+def test_run_keeps_going_after_exceptions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = _repo(tmp_path)
+    daemon = _daemon(repo, FakeRay(), observe_interval=0.05)
+    calls = []
+
+    def flaky(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        raise ValueError("boom")
+
+    monkeypatch.setattr(daemon.reconciler, "tick", flaky)
+    thread = threading.Thread(target=daemon.run)
+    thread.start()
+    time.sleep(1.5)
+    daemon.stop.set()
+    daemon.wake.set()
+    thread.join(10)
+    assert not thread.is_alive() and len(calls) >= 2  # retried after its back-off (1 s), never ended
+
+
+def test_two_daemons_on_one_repository_one_applies(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    repo = _repo(tmp_path)
+    now = [1000.0]
+    first_ray, second_ray = FakeRay(), FakeRay()
+    first = _daemon(repo, first_ray, lease=Lease(open_source(str(repo.bare), ""), "one", ttl=30, clock=lambda: now[0]))
+    second = _daemon(
+        repo, second_ray, lease=Lease(open_source(str(repo.bare), ""), "two", ttl=30, clock=lambda: now[0])
+    )
+    assert first.run_once() == 0.0 and first_ray.submits == 1
+    with caplog.at_level(logging.WARNING, logger="argus"):
+        assert second.run_once() > 0
+        assert second.run_once() > 0
+    assert second_ray.submits == 0 and second_ray.puts == 0  # applies nothing
+    health = second.health()
+    assert health["ok"] is False and health["lease"]["other"] == "one"
+    assert "another daemon (one) holds the lease" in health["last_error"]
+    assert sum("lease_held_elsewhere" in r.getMessage() for r in caplog.records) == 1  # reported once
+    # The holder renews; when it stops renewing (killed), the lease expires and the other takes over.
+    now[0] += 29
+    assert first.lease is not None and first.lease.acquire()
+    now[0] += 31
+    assert second.run_once() == 0.0 and second.health()["lease"]["other"] is None
+    assert first.lease.acquire() is False and first.lease.other == "two"
+    # A clean shutdown releases it at once.
+    second.close()
+    assert first.lease.acquire() is True
+
+
+def test_lease_is_compare_and_swap(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    a = Lease(open_source(str(repo.bare), ""), "a", ttl=30)
+    b = Lease(open_source(str(repo.bare), ""), "b", ttl=30)
+    stale = git(repo.bare, "rev-parse", "--verify", "--quiet", "refs/argus/lease", check=False).strip() or None
+    assert a.acquire()
+    # b read the ref before a wrote it: its swap from the old value must fail.
+    assert not b._swap(b._commit({"holder": "b", "expires": time.time() + 30}), stale)
+    assert json.loads(git(repo.bare, "log", "-1", "--format=%B", "refs/argus/lease"))["holder"] == "a"
+
+
+def test_a_push_is_applied_while_the_status_write_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = _repo(tmp_path)
+    ray = FakeRay()
+    daemon = _daemon(repo, ray, background=True)
+    assert daemon.run_once() == 0.0 and daemon.reporter.flush(30)
+    release = threading.Event()
+    writes: list[StatusReport] = []
+    real_write = daemon.writer.write
+
+    def slow_write(report: StatusReport) -> str | None:
+        writes.append(report)
+        release.wait(30)
+        return real_write(report)
+
+    monkeypatch.setattr(daemon.writer, "write", slow_write)
+    for i in range(3):  # three pushes while the first status write is stuck
+        repo.write(f"users/bob/tasks/t{i}.yaml", TASK)
+        repo.commit_push(f"bob: t{i}")
+        started = time.monotonic()
+        assert daemon.run_once() == 0.0
+        assert time.monotonic() - started < 5  # the tick did not wait for the write
+        assert ray.submits == 2 + i
+    release.set()
+    assert daemon.reporter.flush(30)
+    # Coalesced: the stuck write, then only the newest of the two that waited behind it.
+    assert len(writes) == 2
+    docs = read_documents(str(repo.bare), "argus/status")
+    assert {f"users/bob/tasks/t{i}.yaml" for i in range(3)} <= set(docs)
+    root = yaml.safe_load(git(repo.bare, "show", "argus/status:revision.yaml"))
+    assert root["revision"]["last_attempted"] == git(repo.bare, "rev-parse", "main").strip()
+    daemon.close()
