@@ -88,7 +88,7 @@ class GitRepo:
         known = cache.entries if cache is not None else {}
         # Symlinks (120000) and gitlinks (160000: a submodule's commit, absent here) are not read.
         regular = [(p, b) for p, m, b in entries if m != "120000" and not m.startswith("160")]
-        sizes = self._blob_sizes({b for _p, b in regular})
+        sizes = self._blob_sizes(b for _p, b in regular)
         # Size before content: a file over the limit is reported from its size alone, and a file
         # that can never be an object (a bad name, a stray file) is never read at all.
         wanted = [
@@ -182,9 +182,9 @@ class GitRepo:
         return [f"{self.prefix}users", f"{self.prefix}cluster.yaml"]
 
     def _blob_sizes(self, blobs: Iterable[str]) -> dict[str, int]:
-        """blob -> size in bytes, asking git (``cat-file --batch-check``: headers only) for the
-        ones not seen before. Raises SourceUnavailable when a blob is missing from the repository."""
-        todo = sorted(b for b in blobs if b not in self._sizes)
+        """blob -> size in bytes for (at least) ``blobs``, asking git (``cat-file --batch-check``:
+        headers only) for the ones not seen before. Raises SourceUnavailable when a blob is missing."""
+        todo = sorted({b for b in blobs if b not in self._sizes})
         if todo:
             out = git(self.path, "cat-file", "--batch-check", input=("\n".join(todo) + "\n").encode())
             for blob, line in zip(todo, out.split(b"\n"), strict=False):
@@ -194,7 +194,7 @@ class GitRepo:
                         f"blob {blob} cannot be read in {self.path}: {line.decode(errors='replace')}"
                     )
                 self._sizes[blob] = int(fields[2])
-        return {b: self._sizes[b] for b in blobs}
+        return self._sizes
 
     def _read_blobs(self, blobs: Iterable[str]) -> dict[str, bytes]:
         """Return the content of ``blobs`` (read with one ``cat-file --batch``, streamed, so that only

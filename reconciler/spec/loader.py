@@ -62,7 +62,7 @@ class SourceFile:
     size: int | None = None
 
 
-CACHE_BYTES = 16 * 1024 * 1024
+CACHE_BYTES = 32 * 1024 * 1024  # 10,000 typical objects take about 11 MB of it
 
 
 @dataclass
@@ -207,12 +207,13 @@ def load(
         if file_issues:
             state.invalid[key] = file_issues
             issues.extend(file_issues)
-    # A long-running daemon: forget what is no longer in the tree before it crowds out what is.
-    if (
-        cache.bytes > cache.max_bytes // 2
-        or len(cache.built) > 2 * len(used) + 1024
-        or len(cache.entries) > 2 * len(by_path) + 1024
-    ):
+    # A long-running daemon: forget what is no longer in the tree before it crowds out what is
+    # (not after every load: rebuilding the tables costs what a re-plan after one push costs).
+    dead = (
+        len(cache.entries) > len(by_path) + len(by_path) // 8 + 64 or len(cache.built) > len(used) + len(used) // 8 + 64
+    )
+    full = cache.bytes > cache.max_bytes - cache.max_bytes // 8 and len(cache.entries) > len(by_path)
+    if dead or full:
         cache.keep_only({(f.path, f.blob) for f in by_path.values()}, set(used))
     if len(cache.keys) > 2 * len(by_path) + 1024:
         cache.keys = {p: k for p, k in cache.keys.items() if p in by_path}

@@ -12,7 +12,7 @@ import yaml
 
 from reconciler import faults
 from reconciler.errors import ConcurrentWrite
-from reconciler.source.git import git
+from reconciler.source.git import decode_path, git
 from reconciler.status.documents import LOADER
 
 AUTHOR = {
@@ -41,7 +41,7 @@ def read_documents(repo: str, branch: str, *, remote_too: bool = False) -> dict[
     if head is None:
         return {}
     listing = git(repo, "ls-tree", "-r", "-z", head, "--", "users").split(b"\0")
-    blobs = [(r.split(b"\t")[1].decode(), r.split()[2].decode()) for r in listing if r]
+    blobs = [(decode_path(r.partition(b"\t")[2]), r.split()[2].decode()) for r in listing if r]
     if not blobs:
         return {}
     out = git(repo, "cat-file", "--batch", input=("\n".join(b for _, b in blobs) + "\n").encode())
@@ -79,7 +79,7 @@ def hash_blobs(repo: str, contents: Mapping[str, bytes]) -> dict[str, str]:
 def tree_blobs(repo: str, commit: str) -> dict[str, str]:
     """path -> blob id of every file in ``commit``."""
     listing = git(repo, "ls-tree", "-r", "-z", commit).split(b"\0")
-    return {r.split(b"\t")[1].decode(): r.split()[2].decode() for r in listing if r}
+    return {decode_path(r.partition(b"\t")[2]): r.split()[2].decode() for r in listing if r}
 
 
 def commit_tree(repo: str, branch: str, blobs: Mapping[str, str], message: str, parent: str | None) -> str | None:
