@@ -24,6 +24,7 @@ OWNED_PREFIX = "argus--"  # prefix of every model application argus owns
 ROUTER_APP = "argus-router"
 MODEL_IMPORT_PATH = "reconciler.serve_apps.model_app:build_app"
 ROUTER_IMPORT_PATH = "reconciler.serve_apps.router:build_router"
+ROUTER_DEPLOYMENT = "ArgusRouter"  # the deployment name in serve_apps/router.py
 LLM_DEPLOYMENT_PREFIX = "LLMServer:"
 
 
@@ -124,13 +125,29 @@ def model_app_config(model: ModelSpec, cluster: ClusterSpec, source_path: str, s
 
 
 def router_app_config(cluster: ClusterSpec) -> dict[str, Any]:
-    """The router application entry; the same for every cluster and model set.
+    """The router application entry; its code and ``args`` are the same for every cluster
+    and model set (a change there would restart the router).
 
-    ``cluster`` is accepted for symmetry and future options; nothing in it is used, on
-    purpose: any change here would restart the router.
+    Only the ``deployments`` override follows ``serving.router``: Serve applies an
+    autoscaling change to running replicas in place, like Ray Serve LLM's own ingress.
     """
-    del cluster
-    return {"name": ROUTER_APP, "route_prefix": "/", "import_path": ROUTER_IMPORT_PATH, "args": {}}
+    router = cluster.serving.router
+    return {
+        "name": ROUTER_APP,
+        "route_prefix": "/",
+        "import_path": ROUTER_IMPORT_PATH,
+        "args": {},
+        "deployments": [
+            {
+                "name": ROUTER_DEPLOYMENT,
+                "autoscaling_config": {
+                    "min_replicas": router.min_replicas,
+                    "max_replicas": router.max_replicas,
+                    "target_ongoing_requests": router.target_ongoing_requests,
+                },
+            }
+        ],
+    }
 
 
 def serve_config(apps: list[dict[str, Any]], cluster: ClusterSpec) -> dict[str, Any]:

@@ -146,12 +146,13 @@ def _llm_deployment(deployments: dict[str, Any]) -> str | None:
 def build_router(args: dict[str, Any] | None = None) -> Application:
     """Return the router application. ``args`` is unused (kept empty so the config never changes)."""
     ingress_cls = make_fastapi_ingress(ArgusIngress)
-    # One replica, no CPU reservation: it only forwards requests; its CPU would
-    # otherwise be missing from the capacity argus plans models against.
+    # The replica count is not set here: the application config's `deployments` override
+    # carries an autoscaling_config (min 2 by default), which Serve changes in place.
+    # No CPU reservation: a router replica only forwards requests; its CPU would otherwise
+    # be missing from the capacity argus plans models against.
     return serve.deployment(
         ingress_cls,
         name="ArgusRouter",
-        num_replicas=1,
         max_ongoing_requests=1000,
         ray_actor_options={"num_cpus": 0},
     ).bind()  # type: ignore[attr-defined]

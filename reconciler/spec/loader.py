@@ -26,6 +26,7 @@ from reconciler.spec.types import (
     ObjectKey,
     Paths,
     Prune,
+    RouterSettings,
     Security,
     Serving,
     TaskSpec,
@@ -132,6 +133,17 @@ def load(
         if cluster_doc is not None and not cluster_issues:
             blob = by_path["cluster.yaml"].blob
             cluster = cache.clusters.get(blob) or cache.clusters.setdefault(blob, cluster_from(cluster_doc.data))
+            router = cluster.serving.router
+            if router.max_replicas < router.min_replicas:
+                cluster_issues = [
+                    Issue(
+                        "cluster.yaml",
+                        cluster_doc.line(("serving", "router", "max_replicas")),
+                        f"serving.router.max_replicas: {router.max_replicas} is below min_replicas "
+                        f"({router.min_replicas})",
+                    )
+                ]
+                cluster, cluster_valid = ClusterSpec(), False
         else:
             cluster_valid = False
         issues.extend(cluster_issues)
@@ -360,6 +372,8 @@ def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
         users = {u: UserPolicy(gpus=(p or {}).get("gpus")) for u, p in (data["users"] or {}).items()}
     paths = Paths(**data.get("paths", {}))
     serving_data = dict(data.get("serving", {}))
+    if "router" in serving_data:
+        serving_data["router"] = RouterSettings(**serving_data["router"])
     serving = Serving(**serving_data)
     training_data = dict(data.get("training", {}))
     if "driver_resources" in training_data:

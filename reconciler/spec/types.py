@@ -55,6 +55,16 @@ class Paths:
 
 
 @dataclass(frozen=True)
+class RouterSettings:
+    """Autoscaling of the one OpenAI router application (scaled through Serve's `deployments`
+    override, so changing these never restarts a router replica)."""
+
+    min_replicas: int = 2  # two by default: losing one replica drops no request
+    max_replicas: int = 8
+    target_ongoing_requests: float = 16.0
+
+
+@dataclass(frozen=True)
 class Serving:
     accelerator: Literal["gpu", "cpu"] = "gpu"
     accelerator_type: str | None = None
@@ -63,6 +73,7 @@ class Serving:
     cpus_per_replica: float = 1.0
     # Code in a model folder would run in the replica with the cluster's credentials.
     allow_trust_remote_code: bool = False
+    router: RouterSettings = field(default_factory=RouterSettings)
 
 
 @dataclass(frozen=True)

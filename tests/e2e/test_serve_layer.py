@@ -10,6 +10,8 @@ test_serving_scenarios.py.
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -176,3 +178,101 @@ def test_foreign_app_alone_is_no_reason_to_put(env: Env) -> None:
     with urllib.request.urlopen(env.base_url + "/foreign/ping", timeout=30) as resp:
         assert json.loads(resp.read()) == {"foreign": True, "path": "/foreign/ping"}
     assert observe_serve(env.dash).apps["someone-else"] == FOREIGN
+
+
+def _router_replicas(env: Env) -> dict[str, tuple[str, int | None]]:
+    """replica id -> (state, pid) of the router's deployment, from Serve's REST details."""
+    app = env.dash.get("/api/serve/applications/")["applications"].get("argus-router") or {}
+    dep = (app.get("deployments") or {}).get("ArgusRouter") or {}
+    return {r["replica_id"]: (r["state"], r.get("pid")) for r in dep.get("replicas", [])}
+
+
+def _running(replicas: dict[str, tuple[str, int | None]]) -> set[str]:
+    return {rid for rid, (state, _pid) in replicas.items() if state == "RUNNING"}
+
+
+def test_router_scales_in_place_and_survives_losing_a_replica(env: Env) -> None:
+    """Two router replicas by default; a settings change keeps every replica; killing one
+    router replica's process while a client loops on a model fails no request."""
+    import threading
+
+    import openai
+
+    wait_for(
+        lambda: _running(_router_replicas(env)) if len(_running(_router_replicas(env))) >= 2 else None,
+        "two router replicas",
+        timeout=120,
+    )
+
+    # A client with the openai library's default settings loops on the model while one
+    # router replica is killed (SIGKILL: no graceful drain). Raw attempts are counted too.
+    attempts = {"ok": 0, "failed": 0}
+
+    def hook(response: Any) -> None:
+        attempts["ok" if response.status_code < 500 else "failed"] += 1
+
+    import httpx
+
+    client = openai.OpenAI(
+        base_url=env.base_url + "/v1",
+        api_key="none",
+        timeout=60,
+        http_client=httpx.Client(event_hooks={"response": [hook]}),
+    )
+    results = {"ok": 0, "failed": 0}
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            try:
+                client.chat.completions.create(
+                    model=CHAT.served_name, messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0
+                )
+                results["ok"] += 1
+            except Exception as exc:  # every failure is counted and reported
+                results["failed"] += 1
+                errors.append(repr(exc)[:200])
+
+    threads = [threading.Thread(target=loop) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: results["ok"] >= 20, "requests flowing", timeout=60)
+        victim = sorted(_running(_router_replicas(env)))[0]
+        pid = _router_replicas(env)[victim][1]
+        assert pid, "Serve did not report the replica's pid"
+        os.kill(pid, signal.SIGKILL)  # a process of this test's own Ray head
+        killed_at = results["ok"]
+        wait_for(lambda: results["ok"] >= killed_at + 60, "requests after the kill", timeout=120)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=90)
+    assert results["failed"] == 0, f"{results}, raw attempts {attempts}: {errors[:3]}"
+    wait_for(
+        lambda: len(_running(_router_replicas(env))) == 2 and victim not in _router_replicas(env),
+        "Serve replaced the killed router replica",
+        timeout=120,
+    )
+
+    # Scale through the deployments override: the running replicas stay (no restart).
+    before = _running(_router_replicas(env))
+    serving = env.cluster.serving
+    env.cluster = replace(env.cluster, serving=replace(serving, router=replace(serving.router, min_replicas=3)))
+    assert env.apply() is True
+    grown = wait_for(
+        lambda: _running(_router_replicas(env)) if len(_running(_router_replicas(env))) >= 3 else None,
+        "three router replicas",
+        timeout=120,
+    )
+    assert before <= grown, "a router settings change restarted a replica"
+    env.cluster = replace(env.cluster, serving=serving)
+    assert env.apply() is True  # (Serve scales down after its downscale delay, not at once)
+
+    def min_replicas() -> int:
+        app = env.dash.get("/api/serve/applications/")["applications"]["argus-router"]
+        return int(app["deployed_app_config"]["deployments"][0]["autoscaling_config"]["min_replicas"])
+
+    wait_for(lambda: min_replicas() == 2, "Serve to report min_replicas 2", timeout=60)
+    assert env.apply() is False  # Serve echoes the override exactly: no PUT loop

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from reconciler.builders.serve import (
 from reconciler.observe.serve import parse_serve_details, resources_per_replica
 from reconciler.plan.demand import model_resources_per_replica
 from reconciler.spec.hashing import model_spec_fields, model_spec_hash
-from reconciler.spec.types import ClusterSpec, ModelSpec, ObjectKey, Serving
+from reconciler.spec.types import ClusterSpec, ModelSpec, ObjectKey, RouterSettings, Serving
 
 CPU = ClusterSpec(serving=Serving(accelerator="cpu", cpus_per_replica=2.0, http_port=8123))
 GPU = ClusterSpec(serving=Serving(accelerator="gpu", accelerator_type="H100"))
@@ -104,8 +105,22 @@ def test_zero_replicas_rejected() -> None:
 
 def test_router_and_serve_config() -> None:
     router = router_app_config(CPU)
-    assert router == router_app_config(GPU)  # never depends on the cluster
-    assert router["name"] == "argus-router" and router["route_prefix"] == "/"
+    assert router == router_app_config(GPU)  # only serving.router matters: same code and args everywhere
+    assert router["name"] == "argus-router" and router["route_prefix"] == "/" and router["args"] == {}
+    # Two replicas by default (losing one drops no request), autoscaled like Ray Serve LLM's ingress.
+    assert router["deployments"] == [
+        {
+            "name": "ArgusRouter",
+            "autoscaling_config": {"min_replicas": 2, "max_replicas": 8, "target_ongoing_requests": 16.0},
+        }
+    ]
+    bigger = replace(CPU, serving=replace(CPU.serving, router=RouterSettings(min_replicas=3, max_replicas=12)))
+    changed = router_app_config(bigger)
+    # A settings change touches only the deployments override, which Serve applies in place.
+    assert {k: v for k, v in changed.items() if k != "deployments"} == {
+        k: v for k, v in router.items() if k != "deployments"
+    }
+    assert changed["deployments"][0]["autoscaling_config"]["min_replicas"] == 3
     body = serve_config([router], CPU)
     assert body["http_options"] == {"host": "0.0.0.0", "port": 8123}
     assert body["proxy_location"] == "HeadOnly"
@@ -118,7 +133,8 @@ def test_normalise_round_trip() -> None:
     deployed = json.loads(json.dumps(app))
     assert normalise_app(app) == normalise_app(deployed)
     router = router_app_config(CPU)
-    assert normalise_app(router) == normalise_app({**router, "deployments": [], "runtime_env": {}, "port": 8000})
+    # Ray 2.60 echoes the override exactly (measured against a real head), floats as floats.
+    assert normalise_app(router) == normalise_app({**json.loads(json.dumps(router)), "runtime_env": {}, "port": 8000})
     assert normalise_app({"name": "x", "import_path": "m:a"})["route_prefix"] == "/"
     assert normalise_app({"name": "x", "import_path": "m:a", "route_prefix": None})["route_prefix"] is None
     scaled = copy.deepcopy(app)
@@ -192,3 +208,16 @@ def test_building_apps_defer_unrelated_changes() -> None:
     changed = copy.deepcopy(a)
     changed["args"]["argus"]["spec_hash"] = "h2"
     assert blocking_builds(target_apps([changed, b], obs, CPU), obs, now=110.0) == []
+
+
+def test_router_settings_are_checked_at_their_line() -> None:
+    from reconciler.spec.loader import SourceFile, load
+
+    text = b"kind: Cluster\nserving:\n  router:\n    min_replicas: 4\n    max_replicas: 2\n"
+    state = load([SourceFile("cluster.yaml", text, "b1")])
+    assert [str(i) for i in state.issues] == [
+        "cluster.yaml:5: serving.router.max_replicas: 2 is below min_replicas (4)"
+    ]
+    assert not state.cluster_valid
+    ok = load([SourceFile("cluster.yaml", b"kind: Cluster\nserving: {router: {min_replicas: 3}}\n", "b2")])
+    assert ok.cluster.serving.router == RouterSettings(min_replicas=3, max_replicas=8, target_ongoing_requests=16.0)
