@@ -279,3 +279,71 @@ def test_runs_are_recorded_before_submission_and_read_back(tmp_path: Path) -> No
     assert plan(_desired(task), ActualState(capacity=CAP, recorded_runs=runs)).actions == []
     assert writer.record_runs([(task.key, sid, digest)])  # idempotent: no second entry
     assert len(read_documents(str(bare), "argus/status")[task.key.path]["runs"]) == 1
+
+
+# -- a tick against a Jobs API stand-in that answers like Ray right after a head starts ----------------
+
+
+class FreshHead:
+    """The dashboard REST API of an empty head whose job agent is not up yet for the first
+    ``busy`` submissions (Ray's own answer: HTTP 500 "No available agent ..., try again later")."""
+
+    def __init__(self, busy: int) -> None:
+        from reconciler.dashboard import DashboardError
+
+        self.busy, self.jobs, self.error = busy, [], DashboardError
+
+    def get(self, path: str, **_kw: Any) -> Any:
+        if path.startswith("/api/v0/nodes"):
+            node = {"state": "ALIVE", "resources_total": {"CPU": 8.0, "GPU": 2.0, "worker_node": 2.0}}
+            return {"data": {"result": {"result": [node]}}}
+        if path == "/api/cluster_status":
+            return {"data": {"clusterStatus": {"loadMetricsReport": {"usage": {}}}}}
+        if path == "/api/jobs/":
+            return [{**j, "status": "RUNNING"} for j in self.jobs]
+        return {"applications": {}}
+
+    def post(self, path: str, body: Any = None, **_kw: Any) -> Any:
+        assert path == "/api/jobs/"
+        if self.busy:
+            self.busy -= 1
+            raise self.error("POST", path, 500, "No available agent to submit job, please try again later.")
+        self.jobs.append({"submission_id": body["submission_id"], "metadata": body["metadata"]})
+        return {"submission_id": body["submission_id"]}
+
+    def put(self, path: str, body: Any, **_kw: Any) -> Any:
+        return None
+
+
+def test_no_available_agent_is_retried_with_backoff_and_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from reconciler.tick import Reconciler
+    from tests.support import ConfigRepo, cluster_yaml
+
+    repo = ConfigRepo(tmp_path)
+    repo.write("cluster.yaml", cluster_yaml(tmp_path / "hf", tmp_path / "users", 8000))
+    repo.write("users/alice/tasks/train.yaml", {"kind": "Task", "workload": "command", "command": "true"})
+    repo.commit_push("alice: a task")
+    head = FreshHead(busy=2)
+    clock = [1000.0]
+    monkeypatch.setattr("reconciler.tick.time.monotonic", lambda: clock[0])
+    rec = Reconciler(
+        open_source(str(repo.bare), str(tmp_path / "cache")),
+        "main",
+        head,
+        ownership_key=KEY,
+        fs=None,  # type: ignore[arg-type]
+    )
+    key = ObjectKey("alice", "task", "train")
+    first = rec.tick()
+    assert "No available agent" in first.failures[key] and "temporary: retried in 2s" in first.failures[key]
+    assert "apply failed" in first.statuses[key].reason and head.jobs == []
+    clock[0] += 1  # not due yet: not sent again, and the status says when it will be
+    assert "retried in 1s" in rec.tick().failures[key] and head.busy == 1
+    clock[0] += 1
+    assert "retried in 4s" in rec.tick().failures[key]  # second refusal: the delay doubles
+    clock[0] += 4
+    done = rec.tick()
+    assert key not in done.failures and [j["submission_id"] for j in head.jobs] == [
+        submission_id(done.desired.tasks[key])
+    ]
+    assert rec.tick().plan.for_key(key) == []  # submitted once; never again
