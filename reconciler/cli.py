@@ -434,9 +434,14 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from reconciler.scaffold import default_source, init_repo, parse_source
+    from reconciler.scaffold import current_source, default_source, init_repo, parse_source
 
-    source = parse_source(args.argus_source) if args.argus_source else default_source()
+    # The source is set in one place: given here, or kept from the workflow a --force refresh rewrites.
+    source = (
+        parse_source(args.argus_source)
+        if args.argus_source
+        else (current_source(args.dir) if args.force else None) or default_source()
+    )
     for path in init_repo(args.dir, user=args.user, force=args.force, source=source):
         print(f"{'refreshed' if args.force else 'created'} {path}")
     print(f"argus source (workflow, README, pre-commit): {source.pip}")
@@ -638,7 +643,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--argus-source",
         metavar="git+URL@REV",
         help="where CI and pre-commit install argus from: its git repository pinned to a commit or tag "
-        "(default: a URL placeholder pinned to the commit this argus runs from)",
+        "(default: with --force, the source the repository's workflow already names; otherwise a URL "
+        "placeholder pinned to the commit this argus runs from)",
     )
     it.set_defaults(func=cmd_init)
 

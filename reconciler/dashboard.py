@@ -1,7 +1,8 @@
 """A small JSON client for the Ray dashboard's REST APIs (Jobs, Serve, cluster). I/O.
 
-Connection problems raise :class:`RayUnavailable` (temporary: back off, apply nothing);
-an HTTP error answer raises :class:`DashboardError` with the status and the body text.
+Connection problems, and Ray's token authentication refusing argus, raise :class:`RayUnavailable`
+(back off, apply nothing); any other HTTP error answer raises :class:`DashboardError` with the status
+and the body text.
 
 Ray >= 2.52 can require a token on every dashboard call (``RAY_AUTH_MODE=token``); the client then sends
 ``Authorization: Bearer <token>``, taken from ``ARGUS_RAY_TOKEN``, else Ray's own ``RAY_AUTH_TOKEN``, else the
@@ -79,7 +80,15 @@ class Dashboard:
             with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
-            raise DashboardError(method, path, exc.code, exc.read().decode(errors="replace")) from exc
+            text = exc.read().decode(errors="replace")
+            if exc.code in (401, 403) and ("authentication token" in text or self._token):
+                # Ray's token auth refused argus itself: a configuration problem of the daemon, never a verdict
+                # on an object's spec, so it backs off like an outage instead of failing objects.
+                raise RayUnavailable(
+                    f"Ray dashboard {self.base_url} refused argus's credentials (HTTP {exc.code}: {text[:200]}): "
+                    "set ARGUS_RAY_TOKEN, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH to the cluster's Ray auth token"
+                ) from exc
+            raise DashboardError(method, path, exc.code, text) from exc
         except (urllib.error.URLError, OSError) as exc:
             raise RayUnavailable(f"Ray dashboard {self.base_url} unreachable: {exc}") from exc
         if not raw:

@@ -112,6 +112,24 @@ def default_source() -> ArgusSource:
     return ArgusSource(URL_PLACEHOLDER, commit)
 
 
+def current_source(dir: str) -> ArgusSource | None:
+    """The argus source a repository's generated workflow already installs from, or None (no workflow, or
+    one that does not hold a pinned git source)."""
+    path = os.path.join(dir, ".github", "workflows", "argus.yaml")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read(1 << 20)
+    except OSError:
+        return None
+    match = re.search(r'^\s*ARGUS_PACKAGE:\s*"?([^"\n]+?)"?\s*$', text, re.M)
+    if not match:
+        return None
+    try:
+        return parse_source(match.group(1))
+    except ArgusError:
+        return None
+
+
 def is_user_file(rel: str) -> bool:
     """True for files that belong to the repository's users and admins, never rewritten by argus."""
     return rel in USER_FILES or rel.startswith(USER_DIRS)
@@ -191,9 +209,13 @@ users/<user>/tasks/<name>.yaml    # one training task per file   (kind: Task)
 
 ## Working here
 
-1. Install the checker once, the same argus the cluster's CI uses (the base package only: no Ray, no GPU):
-   `pip install "{pip}"`, and `pip install pre-commit && pre-commit install` so that every commit is
-   validated. (argus is installed from its git repository, pinned to a revision, not from a package index.)
+1. Install the checker once: the same argus the cluster's CI uses, from its git repository pinned to a
+   revision (not from a package index), the base package only (no Ray, no GPU); then pre-commit, so that
+   every commit is validated:
+   ```
+   pip install "{pip}"
+   pip install pre-commit && pre-commit install
+   ```
 2. Add or edit a file under `users/<you>/`. Editors with the YAML language server (VS Code's YAML extension,
    Neovim, JetBrains) complete and check fields as you type: each file names its schema on its first line,
    and `.vscode/settings.json` maps new files to the schemas too.

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.dashboard import Dashboard, DashboardError, token_from_env
-from reconciler.errors import ArgusError
+from reconciler.errors import ArgusError, RayUnavailable
 from reconciler.testing.deps import require
 from reconciler.testing.ray_head import RayHead
 
@@ -59,15 +59,21 @@ def test_token_auth_refuses_callers_without_the_token(
 
     for name in ("ARGUS_RAY_TOKEN", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         monkeypatch.delenv(name, raising=False)
-    with pytest.raises(DashboardError) as refused:
+    # Refused credentials are the daemon's configuration problem: an outage to back off from (never an
+    # object's permanent failure), with a message saying what to set.
+    with pytest.raises(RayUnavailable, match=r"HTTP 401.*RAY_AUTH_TOKEN_PATH"):
         Dashboard(base).get("/api/jobs/")
-    assert refused.value.status == 401
+    with pytest.raises(RayUnavailable, match="HTTP 403"):
+        Dashboard(base, token="not-the-token").get("/api/jobs/")
     # A submission without the token is refused before anything runs.
-    with pytest.raises(DashboardError) as refused_submit:
+    with pytest.raises(RayUnavailable, match="HTTP 401"):
         Dashboard(base).post("/api/jobs/", {"entrypoint": "echo should-not-run"})
-    assert refused_submit.value.status == 401
-
     assert Dashboard(base, token=TOKEN).get("/api/jobs/") == []
+    # Other refusals stay DashboardErrors with their status.
+    with pytest.raises(DashboardError) as missing:
+        Dashboard(base, token=TOKEN).get("/api/jobs/no-such-job")
+    assert missing.value.status == 404
+
     monkeypatch.setenv("ARGUS_RAY_TOKEN", TOKEN)
     assert "ray_version" in Dashboard(base).get("/api/version")
     monkeypatch.delenv("ARGUS_RAY_TOKEN")

@@ -112,6 +112,11 @@ def test_force_refreshes_generated_files_and_never_user_files(tmp_path: Path) ->
     for rel in (".argus/schemas/model.schema.json", ".github/workflows/argus.yaml", ".pre-commit-config.yaml"):
         assert (repo / rel).read_text() == generated[rel], rel
     assert all(not is_user_file(rel) for rel in (".vscode/settings.json", ".argus/schemas/task.schema.json"))
+    # A later refresh without --argus-source keeps the source set before (set in one place, once).
+    (repo / ".argus/schemas/model.schema.json").write_text("{}")
+    assert main(["init", "--force", str(repo)]) == 0
+    assert (repo / ".github/workflows/argus.yaml").read_text() == generated[".github/workflows/argus.yaml"]
+    assert (repo / ".argus/schemas/model.schema.json").read_text() == generated[".argus/schemas/model.schema.json"]
     assert all(is_user_file(rel) for rel in user_files)
 
 
