@@ -270,12 +270,19 @@ def _attach_log_tails(dash: Dashboard, objects: list[dict[str, Any]]) -> None:
                     run["log_tail"] = job_log_tail(dash, run["submission_id"])
 
 
-def _daemon_pages(args: argparse.Namespace) -> PageHandler | None:
-    """The status pages and API for ``argus run`` (None: only /metrics, /healthz and the webhook are served).
+def _daemon_pages(args: argparse.Namespace, reconciler: Any) -> PageHandler | None:
+    """The status pages and API for ``argus run``: the status branch, and logs read from Ray for the
+    objects' own runs, redacted with every secret the daemon holds."""
+    from reconciler.web.app import daemon_pages
 
-    Wiring point of reconciler.web: returns its page handler once that module provides one.
-    """
-    return None
+    return daemon_pages(
+        reconciler.source.repo.path,
+        args.status_branch,
+        reconciler.dash,
+        secret_values=[*reconciler.secrets_env.values(), os.environ.get("ARGUS_WEBHOOK_SECRET")],
+        ownership_key=reconciler.ownership_key,
+        endpoint=args.endpoint,
+    )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -308,7 +315,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         redact=redactor,
         background_status=True,
     )
-    pages = _daemon_pages(args)
+    pages = _daemon_pages(args, reconciler)
     servers = []
     try:
         # The webhook address serves the pages too, unless they have an address of their own.

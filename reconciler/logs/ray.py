@@ -15,7 +15,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from reconciler.builders.jobs import LABEL_TASK, LABEL_USER, MANAGED_BY, MANAGER
+from reconciler.builders.jobs import LABEL_TASK, LABEL_USER, MANAGED_BY, MANAGER, proof_valid
 from reconciler.builders.serve import app_name
 from reconciler.dashboard import Dashboard, DashboardError
 from reconciler.errors import ArgusError
@@ -41,8 +41,10 @@ def redactor(secret_values: list[str]) -> Redact:
 class RayLogs:
     """``RayLogs(dash, redact)``: the :class:`reconciler.web.handler.Logs` the daemon serves.
 
-    ``poll_s``: how often a followed run is re-read; ``max_follow_s``: a follower is cut off
-    after this long (the client reconnects if it still cares).
+    ``ownership_key``: the daemon's key; a run is served only when its ``argus-proof`` label
+    verifies under it (labels alone prove nothing: code on the cluster can submit jobs that claim
+    to be anyone's). ``poll_s``: how often a followed run is re-read; ``max_follow_s``: a follower
+    is cut off after this long (the client reconnects if it still cares).
     """
 
     def __init__(
@@ -50,12 +52,14 @@ class RayLogs:
         dash: Dashboard,
         redact: Redact,
         *,
+        ownership_key: bytes | None = None,
         poll_s: float = 1.0,
         max_follow_s: float = 6 * 3600.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.dash = dash
         self.redact = redact
+        self.ownership_key = ownership_key
         self.poll_s = poll_s
         self.max_follow_s = max_follow_s
         self.sleep = sleep
@@ -77,7 +81,9 @@ class RayLogs:
             raise LogNotFound(f"{sid!r} is not a run of {user}/tasks/{name}")
         info = self._job(sid)
         meta = info.get("metadata") or {}
-        if (meta.get(MANAGED_BY), meta.get(LABEL_USER), meta.get(LABEL_TASK)) != (MANAGER, user, name):
+        labelled = (meta.get(MANAGED_BY), meta.get(LABEL_USER), meta.get(LABEL_TASK)) == (MANAGER, user, name)
+        proven = self.ownership_key is None or proof_valid(self.ownership_key, sid, meta)
+        if not (labelled and proven):
             raise LogNotFound(f"Ray does not hold {sid!r} as a run of {user}/tasks/{name}")
         return sid
 

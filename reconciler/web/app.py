@@ -17,13 +17,16 @@ def daemon_pages(
     dash: Dashboard | None,
     *,
     secret_values: Iterable[str | None] = (),
+    ownership_key: bytes | None = None,
     endpoint: str = "",
     refresh_s: float = 5.0,
 ) -> PageHandler:
     """The status page and API over ``status_branch`` of the git repository at ``repo``.
 
     ``dash``: where logs are read (None: no log API); ``secret_values``: what the daemon hands
-    to jobs or holds itself, hidden from every log served.
+    to jobs or holds itself, hidden from every log served; ``ownership_key``: the daemon's key for
+    the ownership proofs of its jobs (a run is served only with a valid proof).
     """
-    logs = RayLogs(dash, redactor([v for v in secret_values if v])) if dash is not None else None
+    redact = redactor([v for v in secret_values if v])
+    logs = RayLogs(dash, redact, ownership_key=ownership_key) if dash is not None else None
     return build_handler(StatusReader(repo, status_branch), logs=logs, endpoint=endpoint, refresh_s=refresh_s)

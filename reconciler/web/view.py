@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# What needs someone's attention comes first; then work in progress; then what is fine.
+# What needs someone's attention comes first (in this order); then work in progress; then what is fine.
 ATTENTION = ("FAILED", "INVALID", "UNSCHEDULABLE", "LOST", "QUEUED")
 PROGRESS = ("DEPLOYING", "SUBMITTED", "PENDING", "DELETING")
 ATTENTION_SYNC = ("Held", "Invalid")
@@ -113,8 +113,9 @@ def sorted_rows(docs: Mapping[str, Mapping[str, Any]]) -> list[Row]:
     return sorted((row(path, doc) for path, doc in docs.items()), key=sort_key)
 
 
-def sort_key(r: Row) -> tuple[int, str, str, str]:
-    return (r.rank, r.user, r.kind, r.name)
+def sort_key(r: Row) -> tuple[int, int, str, str, str]:
+    severity = ATTENTION.index(r.state) if r.state in ATTENTION else len(ATTENTION)
+    return (r.rank, severity, r.user, r.kind, r.name)
 
 
 @dataclass(frozen=True)

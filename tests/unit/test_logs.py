@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from reconciler.builders.jobs import ownership_proof
 from reconciler.cli import main
 from reconciler.dashboard import DashboardError
 from reconciler.errors import ArgusError
@@ -21,6 +22,14 @@ from reconciler.testing.status_branch import commit_files, dump, task_doc
 
 SECRET = "s3cr3t-value-xyz"
 SID = "argus-ann-train-0123abcd"
+KEY = b"daemon-ownership-key-for-tests!!"
+PROVEN = {
+    "managed-by": "argus",
+    "argus-user": "ann",
+    "argus-task": "train",
+    "argus-spec-hash": "abc",
+    "argus-proof": ownership_proof(KEY, sid=SID, user="ann", task="train", spec_hash="abc"),
+}
 
 
 class JobsAPI:
@@ -28,7 +37,7 @@ class JobsAPI:
 
     def __init__(self, steps: list[tuple[str, str]], meta: dict[str, str] | None = None) -> None:
         self.steps, self.i = steps, 0
-        self.meta = meta or {"managed-by": "argus", "argus-user": "ann", "argus-task": "train"}
+        self.meta = PROVEN if meta is None else meta
 
     def get(self, path: str, **_: Any) -> Any:
         if path == f"/api/jobs/{SID}":
@@ -41,7 +50,7 @@ class JobsAPI:
 
 
 def logs(api: JobsAPI) -> RayLogs:
-    return RayLogs(api, redactor([SECRET]), poll_s=0, sleep=lambda _s: None)  # type: ignore[arg-type]
+    return RayLogs(api, redactor([SECRET]), ownership_key=KEY, poll_s=0, sleep=lambda _s: None)  # type: ignore[arg-type]
 
 
 def test_follow_sends_whole_redacted_lines_until_the_run_ends() -> None:
@@ -64,9 +73,13 @@ def test_only_the_objects_own_runs_resolve() -> None:
     doc = task_doc("ann", "train")
     with pytest.raises(LogNotFound, match="not a run of"):
         logs(JobsAPI([("RUNNING", "")])).task_log("ann", "train", doc, "argus-bob-train-0123abcd")
-    foreign = JobsAPI([("RUNNING", "x")], meta={"managed-by": "argus", "argus-user": "bob", "argus-task": "train"})
-    with pytest.raises(LogNotFound, match="Ray does not hold"):
-        logs(foreign).task_log("ann", "train", doc, None)
+    for meta in (
+        {**PROVEN, "argus-user": "bob"},  # another user's job
+        {k: v for k, v in PROVEN.items() if k != "argus-proof"},  # labels without a proof: forged
+        {**PROVEN, "argus-proof": "0" * 64},
+    ):
+        with pytest.raises(LogNotFound, match="Ray does not hold"):
+            logs(JobsAPI([("RUNNING", "x")], meta=meta)).task_log("ann", "train", doc, None)
     assert logs(JobsAPI([("SUCCEEDED", f"a {SECRET}\n")])).task_log("ann", "train", doc, SID) == "a ***\n"
 
 
