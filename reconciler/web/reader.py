@@ -81,8 +81,7 @@ class StatusReader:
         self.blobs_read = 0  # how many blobs were parsed in total (tests and the bench read it)
         self._lock = threading.Lock()
         self._snapshot = StatusSnapshot(tip=None)
-        self._entries: dict[str, str] = {}  # path -> blob id at the snapshot's tip
-        self._parsed: dict[str, Any] = {}  # blob id -> parsed content (only blobs of the tip)
+        self._files: dict[str, tuple[str, Any]] = {}  # path -> (blob id, parsed content) at the tip
         self._notes: dict[tuple[str, str], str | None] = {}
 
     def tip(self) -> str | None:
@@ -100,7 +99,7 @@ class StatusReader:
             try:
                 head = self.tip()
                 if head is None:
-                    self._snapshot, self._entries, self._parsed = StatusSnapshot(tip=None, read_at=time.time()), {}, {}
+                    self._snapshot, self._files = StatusSnapshot(tip=None, read_at=time.time()), {}
                     return self._snapshot
                 if head != self._snapshot.tip or self._snapshot.error:
                     self._advance(head)
@@ -110,62 +109,74 @@ class StatusReader:
 
     def _advance(self, head: str) -> None:
         old = self._snapshot.tip
-        entries = dict(self._entries)
-        changed: set[str] = set()
-        if old is not None and not self._snapshot.error:
-            diff = _git(self.repo, "diff-tree", "-r", "-z", "--no-renames", old, head)
-            if diff.returncode != 0:
-                old = None  # the old tip is gone (a rewritten branch): read everything
-            else:
-                fields = diff.stdout.split(b"\0")
-                # -z: ":<modes> <old> <new> <status>" NUL "<path>" NUL, repeated
-                for meta, raw_path in zip(fields[0::2], fields[1::2], strict=False):
-                    if not meta.startswith(b":"):
-                        continue
-                    parts = meta.split()
-                    path = raw_path.decode("utf-8", errors="replace")
-                    if parts[4].startswith(b"D"):
-                        entries.pop(path, None)
-                    else:
-                        entries[path] = parts[3].decode()
-                        changed.add(path)
-        if old is None or self._snapshot.error:
-            listing = _git(self.repo, "ls-tree", "-r", "-z", head)
-            if listing.returncode != 0:
-                self._snapshot = StatusSnapshot(
-                    tip=head, read_at=time.time(), error=f"cannot list {self.branch}: {listing.stderr.decode().strip()}"
-                )
-                return
-            entries = {}
-            for row in listing.stdout.split(b"\0"):
-                if not row:
-                    continue
-                meta, _, raw_path = row.partition(b"\t")
-                parts = meta.split()
-                if len(parts) == 3 and parts[1] == b"blob":
-                    entries[raw_path.decode("utf-8", errors="replace")] = parts[2].decode()
-        wanted = sorted({blob for blob in entries.values() if blob not in self._parsed})
-        parsed = {blob: self._parsed[blob] for blob in set(entries.values()) if blob in self._parsed}
-        by_blob: dict[str, str] = {}
-        for path, blob in entries.items():
-            by_blob.setdefault(blob, path)
-        parsed.update(self._read_blobs(wanted, by_blob))
+        if old is not None and not self._snapshot.error and self._advance_by_diff(old, head):
+            return
+        listing = _git(self.repo, "ls-tree", "-r", "-z", head)
+        if listing.returncode != 0:
+            self._snapshot = StatusSnapshot(
+                tip=head, read_at=time.time(), error=f"cannot list {self.branch}: {listing.stderr.decode().strip()}"
+            )
+            return
+        entries: dict[str, str] = {}
+        for row in listing.stdout.split(b"\0"):
+            meta, _, raw_path = row.partition(b"\t")
+            parts = meta.split()
+            if len(parts) == 3 and parts[1] == b"blob":
+                entries[raw_path.decode("utf-8", errors="replace")] = parts[2].decode()
+        known = {blob: value for blob, value in self._files.values()}
+        values = self._read_blobs(sorted({b for b in entries.values() if b not in known}), entries)
+        known.update(values)
+        self._files = {path: (blob, known.get(blob)) for path, blob in entries.items()}
         docs: dict[str, Mapping[str, Any]] = {}
         root: dict[str, Any] = {}
-        for path, blob in entries.items():
-            value = parsed.get(blob)
-            if path.startswith("users/"):
-                if isinstance(value, Mapping) and _is_object_path(path):
-                    docs[path] = value
-            elif "/" not in path:
-                root[path] = value
-        self._entries, self._parsed = entries, parsed
+        for path, (_blob, value) in self._files.items():
+            _place(docs, root, path, value)
         self._snapshot = StatusSnapshot(tip=head, docs=docs, root=root, read_at=time.time())
 
-    def _read_blobs(self, blobs: list[str], by_blob: Mapping[str, str]) -> dict[str, Any]:
-        """Parse ``blobs`` read in one ``git cat-file --batch``; name each by one path that holds it."""
+    def _advance_by_diff(self, old: str, head: str) -> bool:
+        """Move from ``old`` to ``head`` reading only the paths that differ. False when git cannot
+        diff them (the old tip is gone: a rewritten branch), then the caller reads everything."""
+        diff = _git(self.repo, "diff-tree", "-r", "-z", "--no-renames", old, head)
+        if diff.returncode != 0:
+            return False
+        changed: dict[str, str] = {}
+        deleted: list[str] = []
+        fields = diff.stdout.split(b"\0")
+        # -z: ":<old mode> <new mode> <old blob> <new blob> <status>" NUL "<path>" NUL, repeated
+        for meta, raw_path in zip(fields[0::2], fields[1::2], strict=False):
+            parts = meta.split()
+            if not meta.startswith(b":") or len(parts) < 5:
+                continue
+            path = raw_path.decode("utf-8", errors="replace")
+            if parts[4].startswith(b"D"):
+                deleted.append(path)
+            else:
+                changed[path] = parts[3].decode()
+        # Copies of the previous maps (C-speed for 10,000 entries), then only the differences.
+        files = dict(self._files)
+        docs = dict(self._snapshot.docs)
+        root = dict(self._snapshot.root)
+        for path in deleted:
+            files.pop(path, None)
+            docs.pop(path, None)
+            root.pop(path, None)
+        values = self._read_blobs(sorted(set(changed.values())), changed)
+        for path, blob in changed.items():
+            files[path] = (blob, values.get(blob))
+            docs.pop(path, None)
+            root.pop(path, None)
+            _place(docs, root, path, values.get(blob))
+        self._files = files
+        self._snapshot = StatusSnapshot(tip=head, docs=docs, root=root, read_at=time.time())
+        return True
+
+    def _read_blobs(self, blobs: list[str], paths: Mapping[str, str]) -> dict[str, Any]:
+        """Parse ``blobs`` read in one ``git cat-file --batch``; ``paths`` (path -> blob) names them."""
         if not blobs:
             return {}
+        by_blob: dict[str, str] = {}
+        for path, blob in paths.items():
+            by_blob.setdefault(blob, path)
         out = _git(self.repo, "cat-file", "--batch", input=("\n".join(blobs) + "\n").encode())
         data = out.stdout
         result: dict[str, Any] = {}
@@ -198,6 +209,15 @@ class StatusReader:
                 self._notes.clear()
             self._notes[key] = text
         return text
+
+
+def _place(docs: dict[str, Mapping[str, Any]], root: dict[str, Any], path: str, value: Any) -> None:
+    """File ``path``'s parsed ``value`` as an object document, a root file, or nothing."""
+    if path.startswith("users/"):
+        if isinstance(value, Mapping) and _is_object_path(path):
+            docs[path] = value
+    elif "/" not in path:
+        root[path] = value
 
 
 def _is_object_path(path: str) -> bool:
