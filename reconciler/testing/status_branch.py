@@ -79,7 +79,7 @@ def model_doc(user: str, name: str, state: str = "RUNNING", **extra: Any) -> dic
 
 def task_doc(user: str, name: str, state: str = "SUCCEEDED", **extra: Any) -> dict[str, Any]:
     """A task's status document in the shape the daemon writes (one run)."""
-    sid = f"argus-{user}-{name}-0123abcd"
+    sid = f"argus--{user}--{name}--0123abcd"
     doc: dict[str, Any] = {
         "object": f"{user}/tasks/{name}",
         "kind": "Task",

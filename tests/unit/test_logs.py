@@ -21,7 +21,7 @@ from reconciler.logs.ray import LogNotFound, RayLogs, redactor
 from reconciler.testing.status_branch import commit_files, dump, task_doc
 
 SECRET = "s3cr3t-value-xyz"
-SID = "argus-ann-train-0123abcd"
+SID = "argus--ann--train--0123abcd"
 KEY = b"daemon-ownership-key-for-tests!!"
 PROVEN = {
     "managed-by": "argus",
@@ -66,13 +66,13 @@ def test_follow_sends_whole_redacted_lines_until_the_run_ends() -> None:
     assert chunks[0] == "line 1\n"
     text = "".join(chunks)
     assert SECRET not in text and half not in text and "key *** end" in text
-    assert text.endswith("line 3\nlast[argus: run argus-ann-train-0123abcd SUCCEEDED]\n")
+    assert text.endswith("line 3\nlast[argus: run argus--ann--train--0123abcd SUCCEEDED]\n")
 
 
 def test_only_the_objects_own_runs_resolve() -> None:
     doc = task_doc("ann", "train")
     with pytest.raises(LogNotFound, match="not a run of"):
-        logs(JobsAPI([("RUNNING", "")])).task_log("ann", "train", doc, "argus-bob-train-0123abcd")
+        logs(JobsAPI([("RUNNING", "")])).task_log("ann", "train", doc, "argus--bob--train--0123abcd")
     for meta in (
         {**PROVEN, "argus-user": "bob"},  # another user's job
         {k: v for k, v in PROVEN.items() if k != "argus-proof"},  # labels without a proof: forged

@@ -141,7 +141,7 @@ def test_object_pages_show_runs_log_tail_and_openai_example(repo: str) -> None:
     )
     get = wsgi_like(build_handler(StatusReader(repo)))
     task = body(get("/users/ann/tasks/train"))
-    assert "argus-ann-train-0123abcd" in task and "exit code 3" in task and "boom" in task
+    assert "argus--ann--train--0123abcd" in task and "exit code 3" in task and "boom" in task
     model = body(get("/users/ann/models/chat"))
     assert 'model="ann-202611300900-chat"' in model.replace("&#34;", '"')
     assert "http://127.0.0.1:8000/v1/chat/completions" in model
