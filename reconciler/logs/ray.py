@@ -22,8 +22,20 @@ from reconciler.errors import ArgusError
 from reconciler.plan.actual import FINAL_JOB_STATES
 
 Redact = Callable[[str], str]
+# The daemon's secrets as jobs receive them (reconciler.tick.SECRET_ENV_NAMES).
+SECRET_NAMES = frozenset({"WANDB_API_KEY", "HF_TOKEN"})
 REPLICA_LOG_LINES = 30
 MAX_REPLICAS_SHOWN = 8
+# Job fields that say what argus derived and submitted (the rest is Ray's bookkeeping).
+_JOB_SPEC_FIELDS = (
+    "entrypoint",
+    "entrypoint_num_cpus",
+    "entrypoint_num_gpus",
+    "entrypoint_memory",
+    "entrypoint_resources",
+    "runtime_env",
+    "metadata",
+)
 
 
 class LogNotFound(LookupError):
@@ -144,10 +156,34 @@ class RayLogs:
                 return
             self.sleep(self.poll_s)
 
-    # -- models -----------------------------------------------------------------------------
-    def model_log(self, user: str, name: str, doc: Mapping[str, Any]) -> str:
-        """The model's Serve application, deployment and replica status messages and the last
-        lines of each replica's log, redacted. Raises LogNotFound, RayUnavailable."""
+    def deployed_task_spec(self, user: str, name: str, doc: Mapping[str, Any], run: str | None) -> Any:
+        """What argus submitted for a run: entrypoint (verl argv or the command), resources,
+        runtime environment, labels. Values redacted. Raises LogNotFound, RayUnavailable."""
+        sid = self.resolve_run(user, name, doc, run)
+        info = self._job(sid)
+        spec = {k: info[k] for k in _JOB_SPEC_FIELDS if info.get(k) not in (None, {}, "")}
+        spec = {"submission_id": sid, **spec}
+        return self._redacted(spec)
+
+    def deployed_model_spec(self, user: str, name: str, doc: Mapping[str, Any]) -> Any:
+        """The Serve application argus deployed for a model (source path, engine arguments, tensor
+        parallel size, replicas, resources), values redacted. Raises LogNotFound, RayUnavailable."""
+        app, info = self._app(user, name, doc)
+        config = info.get("deployed_app_config") or {}
+        return self._redacted({"application": app, **{k: v for k, v in config.items() if k != "name"}})
+
+    def _redacted(self, data: Any) -> Any:
+        """``data`` with every string redacted (and secret variables' values hidden by name)."""
+        if isinstance(data, Mapping):
+            return {
+                str(k): "***" if str(k) in SECRET_NAMES and isinstance(v, str) else self._redacted(v)
+                for k, v in data.items()
+            }
+        if isinstance(data, list):
+            return [self._redacted(v) for v in data]
+        return self.redact(data) if isinstance(data, str) else data
+
+    def _app(self, user: str, name: str, doc: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
         app = app_name(user, name)
         details = self.dash.get("/api/serve/applications/") or {}
         apps = details.get("applications") if isinstance(details, Mapping) else None
@@ -157,6 +193,13 @@ class RayLogs:
         meta = ((info.get("deployed_app_config") or {}).get("args") or {}).get("argus") or {}
         if meta and (meta.get("user"), meta.get("name")) != (user, name):
             raise LogNotFound(f"Serve application {app!r} is not {user}/models/{name}")
+        return app, info
+
+    # -- models -----------------------------------------------------------------------------
+    def model_log(self, user: str, name: str, doc: Mapping[str, Any]) -> str:
+        """The model's Serve application, deployment and replica status messages and the last
+        lines of each replica's log, redacted. Raises LogNotFound, RayUnavailable."""
+        app, info = self._app(user, name, doc)
         lines = [f"application {app}: {info.get('status')}"]
         lines += _indented(info.get("message"))
         replicas: list[Mapping[str, Any]] = []

@@ -11,6 +11,7 @@ Routes (GET and HEAD only; every other method is 405: git stays the only input):
 ``/api/v1/objects/<user>/<kind>s/<name>``      one document
 ``/api/v1/logs/<user>/tasks/<name>``           a run's output (``?run=&follow=1``)
 ``/api/v1/logs/<user>/models/<name>``          a model's Serve messages
+``/api/v1/deployed/<user>/<kind>s/<name>``     what argus deployed/submitted for it (``?run=``)
 ``/static/app.css``, ``/static/app.js``        the page's only assets
 =============================================  =============================================
 """
@@ -65,6 +66,10 @@ class Logs(Protocol):
     def follow_task_log(self, user: str, name: str, doc: Mapping[str, Any], run: str | None) -> Iterator[str]: ...
 
     def model_log(self, user: str, name: str, doc: Mapping[str, Any]) -> str: ...
+
+    def deployed_task_spec(self, user: str, name: str, doc: Mapping[str, Any], run: str | None) -> Any: ...
+
+    def deployed_model_spec(self, user: str, name: str, doc: Mapping[str, Any]) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -237,6 +242,7 @@ def build_handler(
             "curl": "",
             "endpoint": "",
             "log_url": f"/api/v1/logs/{user}/{kind}s/{name}",
+            "deployed_url": f"/api/v1/deployed/{user}/{kind}s/{name}",
             "live": logs is not None,
             "spec": doc.get("spec"),
         }
@@ -290,6 +296,23 @@ def build_handler(
         except ArgusError as exc:
             return Response(503, JSON, json.dumps({"error": str(exc)}).encode(), SECURITY_HEADERS)
 
+    def api_deployed(user: str, kind: str, name: str, query: Mapping[str, list[str]]) -> Response:
+        snap = reader.snapshot()
+        doc = snap.docs.get(f"users/{user}/{kind}s/{name}.yaml")
+        if doc is None:
+            return not_found(f"no {kind} {user}/{name} on the status branch", api=True)
+        if logs is None:
+            return Response(503, JSON, b'{"error": "not available: the daemon has no Ray client"}')
+        run = (query.get("run") or [""])[0] or None
+        try:
+            if kind == "model":
+                return _json(logs.deployed_model_spec(user, name, doc))
+            return _json(logs.deployed_task_spec(user, name, doc, run))
+        except LookupError as exc:
+            return not_found(str(exc.args[0] if exc.args else exc), api=True)
+        except ArgusError as exc:
+            return Response(503, JSON, json.dumps({"error": str(exc)}).encode(), SECURITY_HEADERS)
+
     def static(name: str) -> Response | None:
         if name not in STATIC:
             return None
@@ -325,6 +348,8 @@ def build_handler(
                 return api_object(rest[1], _KINDS[rest[2]], rest[3])
             if len(rest) == 4 and rest[0] == "logs" and rest[2] in _KINDS:
                 return api_logs(rest[1], _KINDS[rest[2]], rest[3], query)
+            if len(rest) == 4 and rest[0] == "deployed" and rest[2] in _KINDS:
+                return api_deployed(rest[1], _KINDS[rest[2]], rest[3], query)
         return not_found("no such page", api)
 
     return handle

@@ -201,6 +201,9 @@ def test_failed_task_page_shows_its_log_tail_as_text(site: Site, browser: Any) -
     assert "exit code 3" in browser.find_element(By.CSS_SELECTOR, "table.runs").text
     # with JavaScript the whole output loads from the log API
     wait_for(lambda: "giving up" in browser.find_element(By.ID, "live-log").text, "the live log", timeout=30)
+    # what argus submitted, read from Ray: the command as written, user markup included, as text
+    wait_for(lambda: XSS in browser.find_element(By.ID, "deployed-spec").text, "the deployed spec", timeout=30)
+    assert '"entrypoint_num_gpus": 1' in browser.find_element(By.ID, "deployed-spec").text
     no_injected_script(browser)
 
 

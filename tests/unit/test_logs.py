@@ -109,3 +109,18 @@ def test_status_text_shows_failed_runs_and_warns_when_stale(tmp_path: Path, caps
     assert main(["status", "--repo", str(clone)]) == 1
     out = capsys.readouterr()
     assert "FAILED" in out.out and "may be stale" in out.err
+
+
+def test_the_deployed_spec_of_a_run_hides_secret_values() -> None:
+    class WithSpec(JobsAPI):
+        def get(self, path: str, **kw: Any) -> Any:
+            data = super().get(path, **kw)
+            if path == f"/api/jobs/{SID}":
+                env = {"WANDB_API_KEY": "not-matching-any-pattern", "MODE": f"x{SECRET}y", "PLAIN": "1"}
+                data |= {"entrypoint": "python3 train.py", "entrypoint_num_gpus": 1, "runtime_env": {"env_vars": env}}
+            return data
+
+    spec = logs(WithSpec([("RUNNING", "")])).deployed_task_spec("ann", "train", task_doc("ann", "train"), None)
+    assert spec["entrypoint"] == "python3 train.py" and spec["submission_id"] == SID
+    env = spec["runtime_env"]["env_vars"]
+    assert env == {"WANDB_API_KEY": "***", "MODE": "x***y", "PLAIN": "1"}

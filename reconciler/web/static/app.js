@@ -26,6 +26,16 @@
   function schedule() { if (refreshMs > 0) { window.setTimeout(refresh, refreshMs); } }
   schedule();
 
+  var spec = document.getElementById("deployed-spec");
+  if (spec) {
+    fetch(spec.getAttribute("data-url"), { cache: "no-store" })
+      .then(function (r) { return r.json().then(function (body) { return [r.ok, body]; }); })
+      .then(function (res) {
+        spec.textContent = res[0] ? JSON.stringify(res[1], null, 2) : "(" + (res[1].error || "not deployed") + ")";
+      })
+      .catch(function (e) { spec.textContent = "(could not load: " + e + ")"; });
+  }
+
   var log = document.getElementById("live-log");
   if (!log) { return; }
   var url = log.getAttribute("data-url");
