@@ -204,7 +204,7 @@ def test_failed_task_page_shows_its_log_tail_as_text(site: Site, browser: Any) -
     # what argus submitted, read from Ray: the command as written, user markup included, as text
     spec = lambda: browser.find_element(By.ID, "deployed-spec").text  # noqa: E731
     wait_for(lambda: "bad row: <script>alert(" in spec(), "the deployed spec", timeout=30)
-    assert '"entrypoint_num_gpus": 1' in spec()
+    assert '"argus-user": "dora"' in spec()
     no_injected_script(browser)
 
 
