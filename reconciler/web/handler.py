@@ -172,10 +172,12 @@ def build_handler(
             "revision": {
                 "last_attempted": d.revisions.attempted or None,
                 "last_applied": d.revisions.applied or None,
+                "subject": d.revisions.subject or None,
                 "note": reader.note(d.revisions.attempted) if d.revisions.attempted else None,
             },
             "errors": list(d.revisions.errors),
             "notes": list(d.revisions.notes),
+            "problems": list(d.revisions.problems),
             "capacity": {
                 "known": d.capacity.known,
                 "total": dict(d.capacity.total),

@@ -229,6 +229,8 @@ class Revisions:
     applied: str = ""
     errors: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    subject: str = ""  # the attempted commit's subject line
+    problems: tuple[str, ...] = ()  # the daemon's own trouble: source unreadable, a failed tick
 
 
 def revisions(root: Mapping[str, Any], docs: Mapping[str, Mapping[str, Any]]) -> Revisions:
@@ -238,17 +240,23 @@ def revisions(root: Mapping[str, Any], docs: Mapping[str, Mapping[str, Any]]) ->
     else from the README's lines, else from the documents' own ``revision`` fields (the
     revision most objects were last applied at).
     """
-    attempted = applied = ""
+    attempted = applied = subject = ""
     errors: list[str] = []
     notes: list[str] = []
+    problems: list[str] = []
     for name, value in sorted(root.items()):
         if name == "actual.json" or not isinstance(value, Mapping):
             continue
         rev = mapping(value.get("revision")) or value
         attempted = attempted or text(rev.get("last_attempted") or rev.get("attempted"))
         applied = applied or text(rev.get("last_applied") or rev.get("applied"))
+        subject = subject or text(value.get("subject"))
         errors += [text(e) for e in listing(value.get("errors"))]
         notes += [text(e) for e in listing(value.get("notes"))]
+        if value.get("source_error"):
+            problems.append(f"the config repository could not be read: {text(value['source_error'])}")
+        if value.get("daemon_error"):
+            problems.append(f"the daemon's last tick failed (it retries): {text(value['daemon_error'])}")
     readme = root.get("README.md")
     if isinstance(readme, str):
         section = ""
@@ -281,7 +289,7 @@ def revisions(root: Mapping[str, Any], docs: Mapping[str, Mapping[str, Any]]) ->
             applied = seen_applied.most_common(1)[0][0]
     if attempted == "unknown":
         attempted = ""
-    return Revisions(attempted, applied, tuple(errors), tuple(notes))
+    return Revisions(attempted, applied, tuple(errors), tuple(notes), subject, tuple(problems))
 
 
 def object_runs(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:

@@ -217,3 +217,17 @@ def test_documents_with_missing_or_odd_fields_still_render(repo: str) -> None:
         resp = get(url)
         assert resp is not None and resp.status == 200, url
     assert get("/users/odd/tasks/broken") is not None
+
+
+def test_branch_level_revision_file_and_daemon_problems_are_shown(repo: str) -> None:
+    root = {
+        "revision": {"last_attempted": "a" * 40, "last_applied": "b" * 40},
+        "subject": f"add {XSS}",
+        "source_error": "git fetch failed: connection refused",
+    }
+    commit_files(repo, {"revision.yaml": dump(root), "users/ann/models/chat.yaml": dump(model_doc("ann", "chat"))})
+    get = wsgi_like(build_handler(StatusReader(repo)))
+    summary = json.loads(body(get("/api/v1/summary")))
+    assert summary["revision"]["last_attempted"] == "a" * 40 and summary["revision"]["last_applied"] == "b" * 40
+    page = body(get("/"))
+    assert "connection refused" in page and "bbbbbbbbbbbb" in page and "add &lt;script&gt;" in page
