@@ -104,6 +104,12 @@ def object_document(
             )
             for j in st.runs
         ]
+        # Append-only: a recorded run this status does not list (a report built before the run
+        # was recorded and submitted, written after) stays on record, ahead of the listed ones.
+        listed = {j.submission_id for j in st.runs}
+        kept = [r for sid, r in before.items() if sid not in listed and isinstance(sid, str)]
+        if kept:
+            doc["runs"] = [*kept, *doc["runs"]]
     doc["events"] = events[-MAX_EVENTS:]
     return doc
 

@@ -347,3 +347,22 @@ def test_no_available_agent_is_retried_with_backoff_and_said(tmp_path: Path, mon
         submission_id(done.desired.tasks[key])
     ]
     assert rec.tick().plan.for_key(key) == []  # submitted once; never again
+
+
+def test_a_status_built_before_a_run_was_recorded_does_not_drop_it(tmp_path: Path) -> None:
+    """The background writer may commit an older tick's report after record_runs: the record stays."""
+    from reconciler.plan.assess import ObjectStatus
+    from reconciler.status.writer import StatusReport
+
+    bare = tmp_path / "config.git"
+    git(tmp_path, "init", "-q", "--bare", "-b", "main", str(bare))
+    writer = StatusWriter(open_source(str(bare), str(tmp_path / "cache")))
+    task = task_spec("alice", "train", command="true")
+    sid, digest = submission_id(task), task_spec_hash(task)
+    old_report = StatusReport(
+        "a" * 40, {task.key: ObjectStatus(task.key, "QUEUED", "OutOfSync")}, set(), set(), None, []
+    )
+    assert writer.record_runs([(task.key, sid, digest)])
+    writer.write(old_report)
+    runs = read_documents(str(bare), "argus/status")[task.key.path]["runs"]
+    assert [(r["submission_id"], r["status"]) for r in runs] == [(sid, "SUBMITTED")]
