@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import tempfile
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 import yaml
 
 from reconciler import faults
-from reconciler.errors import ConcurrentWrite
+from reconciler.errors import ConcurrentWrite, SourceUnavailable
 from reconciler.source.git import decode_path, git
 from reconciler.status.documents import LOADER
 
@@ -120,6 +122,76 @@ def commit_tree(repo: str, branch: str, blobs: Mapping[str, str], message: str, 
     if moved.returncode != 0:
         raise ConcurrentWrite(f"{branch} is no longer at {parent}: {moved.stderr.decode(errors='replace').strip()}")
     return commit
+
+
+class TreeWriter:
+    """:func:`commit_tree` in O(changed files): keeps one index file that matches the last tree
+    it wrote, so a commit updates only the entries that changed and ``write-tree`` rebuilds only
+    the sub-trees they are in (git's cache-tree). At 10,000 files a one-file commit takes a few
+    git calls on a small input instead of re-indexing every file. Thread-safe."""
+
+    def __init__(self, repo: str) -> None:
+        self.repo = repo
+        self._dir = tempfile.mkdtemp(prefix="argus-index-")
+        self._env = {**os.environ, **AUTHOR, "GIT_INDEX_FILE": os.path.join(self._dir, "index")}
+        self._lock = threading.Lock()
+        self._tree: str | None = None  # the tree the index holds
+        self._blobs: dict[str, str] = {}  # and its files
+        self._commit_tree: tuple[str, str] | None = None  # (commit, tree) of the last commit made
+
+    def _git(self, *args: str, input: bytes | None = None) -> str:
+        proc = subprocess.run(["git", "-C", self.repo, *args], input=input, capture_output=True, env=self._env)
+        if proc.returncode != 0:
+            raise SourceUnavailable(f"git {args[0]} failed: {proc.stderr.decode(errors='replace').strip()}")
+        return proc.stdout.decode().strip()
+
+    def commit(
+        self,
+        branch: str,
+        blobs: Mapping[str, str],
+        message: str,
+        parent: str | None,
+        parent_blobs: Mapping[str, str] | None = None,
+    ) -> str | None:
+        """Like :func:`commit_tree`; ``parent_blobs`` (the parent's files, when the caller
+        knows them) spares reading the parent's tree when the index does not hold it."""
+        with self._lock:
+            if parent is None:
+                parent_tree = None
+            elif self._commit_tree is not None and self._commit_tree[0] == parent:
+                parent_tree = self._commit_tree[1]
+            else:
+                parent_tree = self._git("rev-parse", f"{parent}^{{tree}}")
+            if parent_tree is None or parent_tree != self._tree:
+                if parent is None:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self._env["GIT_INDEX_FILE"])
+                    self._blobs = {}
+                else:
+                    self._git("read-tree", parent)
+                    self._blobs = dict(parent_blobs) if parent_blobs is not None else tree_blobs(self.repo, parent)
+                self._tree = parent_tree
+            lines = [f"100644 {b}\t{p}\n" for p, b in blobs.items() if self._blobs.get(p) != b]
+            lines += [f"0 {'0' * 40}\t{p}\n" for p in self._blobs.keys() - blobs.keys()]
+            if lines or self._tree is None:
+                self._git("update-index", "--add", "--remove", "--index-info", input="".join(lines).encode())
+                self._tree = self._git("write-tree")
+                self._blobs = dict(blobs)
+            tree = self._tree
+            if parent is not None and tree == parent_tree:
+                return None
+            commit = self._git(
+                "commit-tree", tree, "-F", "-", *(["-p", parent] if parent else []), input=message.encode()
+            )
+            self._commit_tree = (commit, tree)
+        faults.point("status_commit")  # objects written, ref not yet moved
+        moved = subprocess.run(
+            ["git", "-C", self.repo, "update-ref", f"refs/heads/{branch}", commit, parent or "0" * 40],
+            capture_output=True,
+        )
+        if moved.returncode != 0:
+            raise ConcurrentWrite(f"{branch} is no longer at {parent}: {moved.stderr.decode(errors='replace').strip()}")
+        return commit
 
 
 def read_file(repo: str, commit: str, path: str) -> dict[str, Any]:

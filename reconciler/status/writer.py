@@ -20,7 +20,15 @@ from reconciler.errors import ConcurrentWrite
 from reconciler.plan.actions import ActionType, Plan
 from reconciler.plan.assess import ObjectStatus
 from reconciler.source.remote import RepoSource
-from reconciler.status.branch import commit_tree, hash_blobs, read_documents, read_file, tip, tree_blobs, write_note
+from reconciler.status.branch import (
+    TreeWriter,
+    hash_blobs,
+    read_documents,
+    read_file,
+    tip,
+    tree_blobs,
+    write_note,
+)
 from reconciler.status.documents import dump, dump_json, object_document, readme, readme_row
 
 log = logging.getLogger("argus")
@@ -85,6 +93,13 @@ class StatusWriter:
     _last_actual: Mapping[str, Any] | None = None
     _written: dict[str, bytes] = field(default_factory=dict)  # README.md / revision.yaml as last written
     _lock: threading.RLock = field(default_factory=threading.RLock)
+    _tree_writer: TreeWriter | None = None
+
+    @property
+    def _trees(self) -> TreeWriter:
+        if self._tree_writer is None or self._tree_writer.repo != self.source.repo.path:
+            self._tree_writer = TreeWriter(self.source.repo.path)
+        return self._tree_writer
 
     def write(self, report: StatusReport) -> str | None:
         """Commit the status tree if anything changed; note the desired commit. Returns the
@@ -140,7 +155,7 @@ class StatusWriter:
             blobs = {**known, **hash_blobs(self.source.repo.path, changed)}
             message = "argus: submitting " + ", ".join(sid for _key, sid, _hash in runs) + "\n"
             try:
-                commit = commit_tree(self.source.repo.path, self.branch, blobs, message, parent)
+                commit = self._trees.commit(self.branch, blobs, message, parent, known)
             except ConcurrentWrite:
                 continue  # the ref moved under us (compare-and-swap): re-read and retry
             if commit is None or self.source.push([f"refs/heads/{self.branch}"]):
@@ -272,7 +287,7 @@ class StatusWriter:
         blobs.update(hash_blobs(repo, changed))
         subject = f"argus: {len(transitions)} transition(s) at {(report.revision or 'unknown')[:12]}"
         message = subject + ("\n\n" + "\n".join(transitions) if transitions else "") + "\n"
-        commit = commit_tree(repo, self.branch, blobs, message, parent)
+        commit = self._trees.commit(self.branch, blobs, message, parent, known_blobs)
         self.files_changed = sum(1 for p in set(blobs) | set(known_blobs) if blobs.get(p) != known_blobs.get(p))
         with self._lock:
             if (commit is not None or parent is not None) and self._tip == parent:

@@ -97,7 +97,8 @@ def test_a_second_daemon_on_the_repository_reports_the_lease_and_applies_nothing
             "the holder submits it",
             timeout=60,
         )
-        jobs = [j for j in Dashboard(ray_head.dashboard_url).get("/api/jobs/") if "-dora-once-" in j["submission_id"]]
+        jobs = Dashboard(ray_head.dashboard_url).get("/api/jobs/")
+        jobs = [j for j in jobs if "--dora--once--" in j["submission_id"]]
         assert len(jobs) == 1
         assert "submit_task" not in second.log()  # the second daemon planned and applied nothing
         # The holder stops cleanly (lease released): the second takes over at its next retry.

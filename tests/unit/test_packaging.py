@@ -118,6 +118,8 @@ def test_git_server_hook_keeps_pushes_off_the_daemons_refs(tmp_path: Path) -> No
     assert rejected.returncode != 0 and "written by the argus daemon only" in rejected.stderr
     git("notes", "--ref=argus", "add", "-m", "forged", "HEAD", cwd=work)
     assert git("push", str(bare), "refs/notes/argus", cwd=work, check=False).returncode != 0
+    # A forged lease would keep the daemon from applying anything.
+    assert git("push", str(bare), "main:refs/argus/lease", cwd=work, check=False).returncode != 0
 
 
 def test_git_server_authorizes_every_key_file_restricted(tmp_path: Path) -> None:
