@@ -135,7 +135,7 @@ def main() -> int:
     parser.add_argument("--pushes", type=int, default=20)
     parser.add_argument("--users", type=int, default=1000)
     args = parser.parse_args()
-    head = start_head(num_cpus=8, num_gpus=2, resources={"worker_node": 8}, env={"PYTHONPATH": str(ROOT)})
+    head = start_head(num_cpus=8, num_gpus=64, resources={"worker_node": 64}, env={"PYTHONPATH": str(ROOT)})
     procs: list[subprocess.Popen[bytes]] = []
     try:
         with tempfile.TemporaryDirectory(prefix="argus-bench-") as tmp:
