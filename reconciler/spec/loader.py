@@ -15,7 +15,7 @@ from typing import Any
 
 from reconciler.errors import Issue
 from reconciler.spec import schema
-from reconciler.spec.overrides import check_engine_kwargs, check_overrides, field_name
+from reconciler.spec.overrides import check_engine_kwargs, check_model_env, check_overrides, field_name
 from reconciler.spec.paths import FileSystem, PathError, resolve_path, resolve_source
 from reconciler.spec.types import (
     Admission,
@@ -423,15 +423,24 @@ def _model(
             source_path = resolve_source(source, key.user, cluster.paths, fs)
         except PathError as exc:
             return None, [Issue(doc.path, line, f"source: {exc}")]
-    engine_kwargs, refused = check_engine_kwargs(
+    engine_kwargs, engine_refused = check_engine_kwargs(
         data.get("engine_kwargs", {}),
         user=key.user,
         paths=cluster.paths,
         fs=fs,
         allow_trust_remote_code=cluster.serving.allow_trust_remote_code,
     )
+    env, env_refused = check_model_env(
+        data.get("env", {}),
+        user=key.user,
+        paths=cluster.paths,
+        fs=fs,
+        allow_trust_remote_code=cluster.serving.allow_trust_remote_code,
+    )
+    refused = [(("engine_kwargs", *where), m) for where, m in engine_refused]
+    refused += [(("env", *where), m) for where, m in env_refused]
     if refused:
-        return None, [_at(doc, ("engine_kwargs", *where), message) for where, message in refused]
+        return None, [_at(doc, where, message) for where, message in refused]
     model = ModelSpec(
         key=key,
         source=source,
@@ -440,7 +449,7 @@ def _model(
         replicas=data.get("replicas", 1),
         gpus_per_replica=data.get("gpus_per_replica", 1),
         engine_kwargs=engine_kwargs,
-        env=dict(data.get("env", {})),
+        env=env,
         suspend=bool(data.get("suspend", False)),
         created_at=when,
         line=line,

@@ -94,10 +94,8 @@ _KEYWORDS = frozenset({"auto", "vllm", "none", "null", ""})
 TRUST_KEYS = frozenset({"trust_remote_code"})
 # A file of Python code loaded into the replica: the same trust as trust_remote_code.
 CODE_FILE_KEYS = frozenset({"reasoning_parser_plugin", "tool_parser_plugin"})
-_TRUST = (
-    "runs code from the model's folder inside the process, with the cluster's credentials; "
-    "the admin must set `serving.allow_trust_remote_code: true` in cluster.yaml"
-)
+_ALLOW = "the admin must set `serving.allow_trust_remote_code: true` in cluster.yaml"
+_TRUST = f"runs code from the model's folder inside the process, with the cluster's credentials; {_ALLOW}"
 
 # vLLM engine arguments that size a replica (Ray Serve LLM places tensor x pipeline parallel GPUs).
 ENGINE_GPU_KEYS: dict[str, str] = {
@@ -419,3 +417,34 @@ def _engine_value(
     problems, rewritten = _path_value(label, key_name, value, user, paths, fs, hydra=False)
     found.extend((where, p.split(": ", 1)[1] if p.startswith(f"`{label}`: ") else p) for p in problems)
     return rewritten
+
+
+# Environment variables that load code into the replica process before vLLM runs.
+CODE_ENV = frozenset(
+    {"LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE"}
+    | {"VLLM_PLUGINS"}
+)
+
+
+def check_model_env(
+    env: Mapping[str, str],
+    *,
+    user: str,
+    paths: Paths,
+    fs: FileSystem | None,
+    allow_trust_remote_code: bool = False,
+) -> tuple[dict[str, str], list[Finding]]:
+    """Check a model's ``env``: a path value goes through the path policy (``$HOME`` expanded), and
+    a variable that loads code (``LD_PRELOAD``, ``PYTHONPATH``, ...) is the same trust as
+    ``trust_remote_code``. Returns the env as it reaches the replica and ``((name,), message)`` per
+    refusal. Never raises."""
+    out: dict[str, str] = {}
+    found: list[Finding] = []
+    for name, value in env.items():
+        out[name] = value
+        if name.upper() in CODE_ENV and not allow_trust_remote_code:
+            found.append(((name,), f"loads code into the replica process, with the cluster's credentials; {_ALLOW}"))
+        elif isinstance(value, str) and _PATH_PREFIX.match(value):
+            problems, out[name] = _path_value(name, "", value, user, paths, fs, hydra=False)
+            found.extend(((name,), p.split(": ", 1)[1]) for p in problems)
+    return out, found

@@ -240,6 +240,19 @@ def test_engine_kwargs_paths_in_the_home_load_expanded() -> None:
     assert engine["tokenizer"] == "Qwen/Qwen2.5-0.5B-Instruct"
 
 
+def test_model_env_paths_and_code_loading() -> None:
+    head = "kind: Model\nsource: Qwen/Qwen2.5-0.5B-Instruct\nenv:\n"  # first variable on line 4
+    state = load_bob(model=head + "  HF_HOME: $HOME/hf\n  VLLM_LOGGING_LEVEL: INFO\n")
+    assert state.models[BOB_MODEL].env == {"HF_HOME": "/private/users/bob/hf", "VLLM_LOGGING_LEVEL": "INFO"}
+    state = load_bob(model=head + "  PYTHONPATH: $HOME/code\n  HF_HOME: /private/users/alice/hf\n")
+    assert [(line, m.split(":")[0]) for line, m in issues_of(state, BOB_MODEL)] == [
+        (4, "env.PYTHONPATH"),
+        (5, "env.HF_HOME"),
+    ]
+    allowed = CLUSTER + "serving:\n  allow_trust_remote_code: true\n"
+    assert BOB_MODEL in load_bob(model=head + "  PYTHONPATH: $HOME/code\n", cluster=allowed).models
+
+
 # -- with the cluster's file system ----------------------------------------------------------------
 
 
