@@ -36,7 +36,7 @@ from reconciler.observe.jobs import ForeignJob, observe_job_records
 from reconciler.observe.runs import recorded_runs
 from reconciler.observe.serve import ServeObservation, observe_serve
 from reconciler.plan.actions import ActionType, Plan
-from reconciler.plan.actual import ActualJob, ActualState
+from reconciler.plan.actual import ActualJob, ActualState, Capacity
 from reconciler.plan.assess import ObjectStatus, assess
 from reconciler.plan.planner import plan as make_plan
 from reconciler.source.localfs import LocalFS
@@ -154,6 +154,7 @@ class Reconciler:
         self._put_memo: dict[str, Any] = {}
         self._subject = ""
         self._spec_ids: dict[str, str] = {}
+        self._capacity_seen: tuple[float, Capacity] | None = None
         self._refused: dict[tuple[ObjectKey, str | None], str] = {}
         self.ownership_key = (
             ownership_key if ownership_key is not None else load_or_create_key(state_dir or default_state_dir())
@@ -240,10 +241,27 @@ class Reconciler:
         return desired
 
     def refresh_fs(self) -> None:
-        """Forget remembered file-system answers (the loop does it on timer ticks, not pushes)."""
+        """Forget remembered file-system answers and capacity (the loop does it on timer ticks,
+        not on pushes)."""
         refresh = getattr(self.fs, "refresh", None)
         if callable(refresh):
             refresh()
+        self._capacity_seen = None
+
+    # A push tick reuses the capacity the last timer tick observed (two dashboard calls off the
+    # push path) for at most this long. Admission stays safe: Serve and Jobs are observed fresh
+    # every tick, and the planner caps free capacity by total minus everything argus holds, so
+    # argus's own work since then is always counted; only others' use can be this old.
+    CAPACITY_MAX_AGE_S = 10.0
+
+    def _capacity(self) -> Capacity:
+        now = time.monotonic()
+        seen = self._capacity_seen
+        if seen is not None and now - seen[0] < self.CAPACITY_MAX_AGE_S:
+            return seen[1]
+        capacity = observe_capacity(self.dash)
+        self._capacity_seen = (now, capacity)
+        return capacity
 
     # -- observe ------------------------------------------------------------------------
     def observe(self, paths: Paths | None = None) -> tuple[ActualState, ServeObservation]:
@@ -252,7 +270,7 @@ class Reconciler:
         Raises RayUnavailable (apply nothing then)."""
         serve = observe_serve(self.dash)
         jobs = observe_job_records(self.dash, self.ownership_key, paths)
-        capacity = observe_capacity(self.dash)
+        capacity = self._capacity()
         self.foreign = jobs.foreign
         for job in jobs.foreign:
             if job.submission_id not in self._foreign_seen:  # reported once; the status note stays

@@ -48,3 +48,25 @@ def test_a_folder_created_between_pushes_is_seen_at_the_next_refresh(tmp_path: P
     again = reconciler.tick()
     assert key not in again.desired.invalid
     assert [a.type for a in again.plan.for_key(key)] == [ActionType.DEPLOY_MODEL]
+
+
+def test_capacity_is_observed_on_timer_ticks_and_reused_by_pushes(tmp_path: Path) -> None:
+    repo = ConfigRepo(tmp_path)
+    repo.write("cluster.yaml", cluster_yaml(tmp_path / "hf", tmp_path / "users", 8000))
+    repo.commit_push("cluster")
+    asked: list[str] = []
+
+    class Counting(FakeRay):
+        def request(self, method: str, path: str, body: object = None, *, timeout: float | None = None) -> object:
+            asked.append(f"{method} {path}")
+            return super().request(method, path, body, timeout=timeout)
+
+    source = open_source(str(repo.bare), str(tmp_path / "cache"))
+    reconciler = Reconciler(source, "main", Counting(gpus=4), secrets_env={}, task_check=lambda t, c: [])
+    reconciler.tick()
+    reconciler.tick()  # a push soon after: Serve and Jobs again, capacity reused
+    assert sum(p == "GET /api/cluster_status" for p in asked) == 1
+    assert sum(p == "GET /api/serve/applications/" for p in asked) == 2
+    reconciler.refresh_fs()  # a timer tick observes it again
+    reconciler.tick()
+    assert sum(p == "GET /api/cluster_status" for p in asked) == 2
