@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reconciler.apply.jobs import Backoff, is_permanent
 from reconciler.apply.ownership import ENV_KEY, KEY_FILE, load_or_create_key
@@ -366,3 +368,32 @@ def test_a_status_built_before_a_run_was_recorded_does_not_drop_it(tmp_path: Pat
     writer.write(old_report)
     runs = read_documents(str(bare), "argus/status")[task.key.path]["runs"]
     assert [(r["submission_id"], r["status"]) for r in runs] == [(sid, "SUBMITTED")]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["SUCCEEDED", "FAILED", "STOPPED", "RUNNING", "PENDING", "SUBMITTED", "LOST"]),
+            st.booleans(),  # also still in Ray
+            st.integers(min_value=1, max_value=3),  # the `run:` it was recorded for
+        ),
+        max_size=4,
+    ),
+    st.integers(min_value=1, max_value=3),
+)
+def test_a_spec_with_any_run_on_record_is_never_submitted(records: list[tuple[str, bool, int]], run: int) -> None:
+    """Whatever Ray remembers, a spec with a run in Ray or on the status branch is not submitted;
+    a spec with none is (bumping `run:` is how to run again)."""
+    task = task_spec("alice", "train", command="true", run=run)
+    jobs, recorded = [], []
+    for status, in_ray, recorded_run in records:
+        spec = task_spec("alice", "train", command="true", run=recorded_run)
+        job = ActualJob(submission_id(spec), task.key, task_spec_hash(spec), status)
+        recorded.append(job)
+        if in_ray and status in ("SUCCEEDED", "FAILED", "STOPPED", "RUNNING", "PENDING"):
+            jobs.append(job)
+    actual = ActualState(jobs=jobs, capacity=CAP, recorded_runs=recorded)
+    submits = [a for a in plan(_desired(task), actual).actions if a.type is ActionType.SUBMIT_TASK]
+    ran = any(recorded_run == run for _s, _r, recorded_run in records)
+    assert bool(submits) is not ran
