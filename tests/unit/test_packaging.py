@@ -253,6 +253,20 @@ def test_compose_shares_private_and_the_repository() -> None:
     assert files["/keys"] == git_keys["/keys"]
 
 
+def test_ray_token_auth_is_on_and_secrets_go_where_they_are_needed() -> None:
+    services = COMPOSE["services"]
+    ray_nodes = [name for name, s in services.items() if s.get("image", "").startswith("argus-ray-node")]
+    assert sorted(ray_nodes) == ["head", "worker-1", "worker-2"]
+    for name in ray_nodes:
+        env = services[name]["environment"]
+        assert env["RAY_AUTH_MODE"] == "token", name
+        assert env["RAY_AUTH_TOKEN_PATH"] == "/run/secrets/ray_auth_token", name
+        assert services[name]["secrets"] == ["ray_auth_token"], name
+    with_env_file = sorted(name for name, s in services.items() if s.get("env_file"))
+    assert with_env_file == ["head"], "only the daemon's container reads .env"
+    assert not services["files"].get("secrets") and not services["git"].get("secrets")
+
+
 def test_ray_runs_without_the_daemons_secrets() -> None:
     """argus-node starts Ray with the daemon-only variables removed (only `argus run` gets them)."""
     script = (NODE / "argus-node").read_text()
