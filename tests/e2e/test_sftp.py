@@ -9,9 +9,11 @@ The chroot lives under /var/lib (sshd refuses a chroot below a world-writable fo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -25,7 +27,7 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 IMAGE = Path(__file__).resolve().parents[2] / "images" / "sftp"
-SCRIPTS = ("sshd-config", "sync-accounts", "sftp-authorized-keys")
+SCRIPTS = ("entrypoint", "sshd-config", "sync-accounts", "sftp-authorized-keys")
 SSHD = "/usr/sbin/sshd"
 RAY_UID = RAY_GID = 1000
 
@@ -53,8 +55,8 @@ class Service:
     root: Path
     port: int
     env: dict[str, str]
-    sshd: subprocess.Popen[bytes]
     users: dict[str, str] = field(default_factory=dict)  # short name -> account name
+    sshd: subprocess.Popen[bytes] | None = None  # the image's entrypoint, exec'd into sshd
 
     @property
     def chroot(self) -> Path:
@@ -76,8 +78,14 @@ class Service:
         """Put ``who``'s public key where the git server reads it: keys/<user>.pub."""
         (self.root / "keys" / f"{self.users[who]}.pub").write_text(key.with_suffix(".pub").read_text())
 
-    def sync(self) -> None:
-        subprocess.run([str(self.root / "bin" / "sync-accounts")], env=self.env, check=True, capture_output=True)
+    def until_login(self, who: str, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
+        """Retry ``pwd`` as ``who`` until it works (the image's sync loop makes accounts every second)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            proc = self.sftp(who, "pwd")
+            if proc.returncode == 0 or time.monotonic() > deadline:
+                return proc
+            time.sleep(0.5)
 
     def login(self, who: str) -> str:
         return f"{self.users[who]}@127.0.0.1"
@@ -147,21 +155,23 @@ def service() -> Iterator[Service]:
             "SFTP_HOST_KEY": str(root / "host_key"),
             "SFTP_PID_FILE": str(root / "sshd.pid"),
         }
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "host_key")], check=True)
-        config = subprocess.run([str(root / "bin" / "sshd-config")], env=env, check=True, capture_output=True)
-        (root / "sshd_config").write_bytes(config.stdout)
-        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation folder
-        check = subprocess.run([SSHD, "-t", "-f", str(root / "sshd_config")], capture_output=True, text=True)
-        assert check.returncode == 0, check.stderr
-        sshd = subprocess.Popen(
-            [SSHD, "-D", "-e", "-f", str(root / "sshd_config")],
-            stdout=open(root / "sshd.log", "wb"),  # noqa: SIM115 - closed with the process
-            stderr=subprocess.STDOUT,
-        )
-        svc = Service(root, port, env, sshd, users)
+        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation folder (the image has it)
+        env["SFTP_CONFIG"] = str(root / "sshd_config")
+        env["SFTP_SYNC_INTERVAL"] = "1"
+        env["PATH"] = f"{root / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
+        svc = Service(root, port, env, users)
         for who in ("alice", "bob"):
             svc.authorize(who, svc.new_key(who))
-        svc.sync()
+        # The image's entrypoint itself: host key, config, account sync loop, then sshd in the foreground.
+        # In its own session, so that teardown stops exactly it, its sync loop and sshd's sessions.
+        sshd = subprocess.Popen(
+            [str(root / "bin" / "entrypoint")],
+            env=env,
+            stdout=open(root / "sshd.log", "wb"),  # noqa: SIM115 - closed with the process
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        svc.sshd = sshd
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -173,12 +183,15 @@ def service() -> Iterator[Service]:
         yield svc
     finally:
         if sshd is not None:
-            sshd.terminate()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(sshd.pid, signal.SIGTERM)
             try:
                 sshd.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 sshd.kill()
                 sshd.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(sshd.pid, signal.SIGKILL)  # the sync loop, if it outlived sshd
         for account in users.values():
             subprocess.run(["userdel", account], capture_output=True)
             subprocess.run(["groupdel", account], capture_output=True)
@@ -303,14 +316,14 @@ def test_no_shell_and_no_legacy_scp(service: Service) -> None:
 
 
 def test_keys_are_per_user_and_take_effect_without_restart(service: Service) -> None:
+    assert service.sshd is not None
     pid = service.sshd.pid
     # bob's key does not open alice's account.
     assert service.sftp("alice", "pwd", key=service.key("bob")).returncode != 0
     # A new user: a key file, then the image's periodic sync; sshd keeps running.
     assert service.sftp("carol", "pwd", key=service.new_key("carol")).returncode != 0
     service.authorize("carol", service.key("carol"))
-    service.sync()
-    proc = service.sftp("carol", "pwd")
+    proc = service.until_login("carol")
     assert proc.returncode == 0, proc.stderr
     assert f"/users/{service.users['carol']}" in proc.stdout
     # A replaced key works at once, the old one no longer does.
