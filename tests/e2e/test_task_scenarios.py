@@ -278,6 +278,35 @@ def test_second_two_gpu_task_waits_for_the_first(env: Env) -> None:
     assert b_job["start_time"] >= a_final["end_time"], "big-b must start after big-a ended"
 
 
+def test_a_task_larger_than_the_cluster_blocks_nobody(env: Env) -> None:
+    """A 4-GPU task on the 2-GPU cluster can never run: it is UNSCHEDULABLE (never submitted) and
+    another user's later 1-GPU task runs at once (issue 10: no head-of-line blocking)."""
+    repo, dash = env.repo, env.dash
+    wait_gpus_free(env)
+    repo.write(task_path("huge"), task_yaml("sleep 1", gpus=4))
+    repo.commit_push("frank: a task larger than the cluster")
+    other = "users/grace/tasks/small.yaml"
+    repo.write(other, task_yaml("echo small-ran", gpus=1))
+    repo.commit_push("grace: a small task, committed later")
+    try:
+        first = reconcile(env)
+        assert first.rc == 0, (first.out, first.stderr)
+        huge = first.obj("huge")
+        assert (huge["state"], huge["submission_id"]) == ("UNSCHEDULABLE", None), huge
+        assert "needs 4 GPU, 1 worker_node but the whole cluster has 2 GPU" in huge["reason"], huge
+        small = next(o for o in first.out["objects"] if o["object"] == "grace/tasks/small")
+        assert small["state"] == "SUBMITTED", small
+        wait_job(dash, str(small["submission_id"]), {"SUCCEEDED"})
+        again = reconcile(env)
+        assert again.state("huge") == "UNSCHEDULABLE"
+        ids = [str(j.get("submission_id")) for j in dash.get("/api/jobs/")]
+        assert not [i for i in ids if "frank" in i and "huge" in i], ids  # never submitted
+    finally:
+        repo.remove(task_path("huge"))
+        repo.remove(other)
+        repo.commit_push("remove the unschedulable scenario's tasks")
+
+
 # -- 3. exactly once ---------------------------------------------------------------------------
 
 
