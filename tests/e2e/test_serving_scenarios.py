@@ -6,7 +6,7 @@ repeated every ~2 s until the reported states converge. No mocks: a real Ray hea
 session's ``ray_head``), Ray Serve LLM with vLLM CPU, the official ``openai`` client.
 
 Tests run in file order and share one history (each vLLM load costs ~25-90 s on two cores,
-so the module loads a model only five times: A, B, A's second replica, A updated, C):
+so the module loads a model only six times: A, B, A's second replica, A updated, C, C again):
 
 1. deploy A -> RUNNING, listed, chat + streaming answer;
 2. add B (embeddings) while a client loops on A: no failed request, A's replica kept;
@@ -16,6 +16,8 @@ so the module loads a model only five times: A, B, A's second replica, A updated
 5. delete B: gone from /v1/models, A untouched, and C deploys on a later reconcile (6);
 7. break A's file: A keeps serving, exit 1 with path:line;
 9. ``suspend: true``: a later edit is not applied;
+10. ``replicas: 0`` stops C (app removed, name and status kept), ``replicas: 1`` brings it back
+    under the same served name;
 8. an application deployed by someone else survives every reconcile (checked after each test).
 
 ``serving.cpus_per_replica`` is 2 from the first commit (changing it later would change every
@@ -273,6 +275,10 @@ def test_4_engine_kwargs_change_restarts_only_a(env: Env) -> None:
     env.repo.commit_push("dora: chat max_model_len 200")
     first = env.reconcile()
     assert first.rc == 0 and first.state(A_KEY) == "DEPLOYING", first
+    (update,) = [a for a in (first.doc or {})["plan"]["actions"] if a["object"] == A_KEY]
+    # The field-level diff comes from the spec the running app recorded when it was deployed.
+    assert update["action"] == "update_model", update
+    assert update["changed"] == [f"engine_kwargs.max_model_len: {ENGINE['max_model_len']} → 200"], update
     env.reconcile_until(
         lambda r: r.running(A_KEY) and (ids := env.replicas(APP_A)) and not set(ids) & set(a_before),
         "A RUNNING on a new replica",
@@ -389,4 +395,31 @@ def test_9_suspended_model_ignores_later_edits(env: Env) -> None:
     obs = observe_serve(env.dash)
     assert obs.replica_ids[APP_A] == a_before
     assert obs.apps[APP_A]["deployments"][0]["num_replicas"] == 1
+    assert_foreign_untouched(env)
+
+
+def test_10_scale_to_zero_and_back_keeps_the_name(env: Env) -> None:
+    """``replicas: 0`` removes C's Serve application and frees its CPUs, keeping its file, status and
+    served name (STOPPED); ``replicas: 1`` deploys it again under the same name."""
+    served = env.served[C_KEY]
+    env.repo.write(C_PATH, model_yaml(TINY, replicas=0))
+    env.repo.commit_push("dora: stop extra for now")
+    first = env.reconcile()
+    assert first.rc == 0, first
+    (stop,) = [a for a in (first.doc or {})["plan"]["actions"] if a["object"] == C_KEY]
+    assert stop["action"] == "stop_model", stop
+    stopped = env.reconcile_until(lambda r: r.state(C_KEY) == "STOPPED", "C STOPPED", timeout=60)
+    c = stopped.obj(C_KEY)
+    assert c is not None and c["sync"] == "Synced" and c["served_name"] == served, c
+    assert c["replicas"] == {"desired": 0, "ready": 0}, c
+    assert APP_C not in observe_serve(env.dash).apps
+    wait_for(lambda: served not in env.listed(), "/v1/models to drop C", timeout=30)
+
+    env.repo.write(C_PATH, model_yaml(TINY, replicas=1))
+    env.repo.commit_push("dora: extra back")
+    env.reconcile_until(lambda r: r.running(C_KEY), "C RUNNING again")
+    assert env.served[C_KEY] == served  # the same name: clients written against it keep working
+    wait_for(lambda: served in env.listed(), "/v1/models to list C again", timeout=30)
+    reply = env.client().completions.create(model=served, prompt="hi", max_tokens=2)
+    assert reply.choices
     assert_foreign_untouched(env)
