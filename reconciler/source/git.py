@@ -21,6 +21,7 @@ from reconciler.spec.yamldoc import MAX_BYTES
 APPROVE_TRAILER = "Argus-Approve-Prune"
 _RELEVANT = ("users/", "cluster.yaml")
 BLOB_CACHE_BYTES = 32 * 1024 * 1024
+PATHSPEC_BYTES = 64 * 1024  # beyond this, paths are not passed on git's command line (E2BIG at ~2 MB)
 
 
 def decode_path(raw: bytes) -> str:
@@ -281,7 +282,10 @@ class GitRepo:
         wanted = set(paths)
         out: dict[str, int] = {}
         side = [f"^{parents[0]}", *parents[1:]]
-        for _parents, when, added in self._adds(*side, pathspecs=[self.prefix + p for p in paths]):
+        specs: list[str] | None = [self.prefix + p for p in paths]
+        if sum(len(p) + 1 for p in paths) > PATHSPEC_BYTES:
+            specs = None  # a merge adding many files: all relevant paths, filtered here (argv has a limit)
+        for _parents, when, added in self._adds(*side, pathspecs=specs):
             for path in added:
                 if path in wanted:
                     out[path] = when  # newest first: the last one seen is the oldest add

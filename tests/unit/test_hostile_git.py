@@ -86,11 +86,11 @@ def commit(repo: Path, files: Mapping[bytes, bytes | str], when: int, parent: st
     index = repo / ".git" / "hostile-index"
     index.unlink(missing_ok=True)
     env = {"GIT_INDEX_FILE": str(index)}
-    records = b""
+    records = []
     for path, content in files.items():
         blob = content if isinstance(content, str) else hash_blob(repo, content)
-        records += b"100644 " + blob.encode() + b"\t" + path + b"\0"
-    git(repo, "update-index", "--add", "-z", "--index-info", input=records, env=env)
+        records.append(b"100644 " + blob.encode() + b"\t" + path + b"\0")
+    git(repo, "update-index", "--add", "-z", "--index-info", input=b"".join(records), env=env)
     tree = git(repo, "write-tree", env=env).decode().strip()
     stamp = {"GIT_AUTHOR_DATE": f"{when} +0000", "GIT_COMMITTER_DATE": f"{when} +0000"}
     out = git(repo, "commit-tree", tree, "-m", "hostile", *(["-p", parent] if parent else []), env=stamp)
@@ -310,3 +310,18 @@ def test_parse_cache_is_bounded_in_bytes() -> None:
     parsed = cache.parsed
     load(files, cache=cache)
     assert cache.parsed - parsed == 40 - len(cache.entries)  # only the ones not held are parsed again
+
+
+def test_a_merge_adding_many_files_is_read(tmp_path: Path) -> None:
+    """A merge that adds 50,000 files: their creation times are read without passing every path on
+    git's command line (about 2.5 MB of names: `Argument list too long`)."""
+    repo = new_repo(tmp_path / "config")
+    base = commit(repo, GOOD, T1)
+    blob = hash_blob(repo, MODEL)
+    many = {b"users/mallory/models/m-%06d-%s.yaml" % (i, b"x" * 30): blob for i in range(50_000)}
+    side = commit(repo, {**GOOD, **many}, T2, base)
+    head = git(repo, "commit-tree", side + "^{tree}", "-p", base, "-p", side, "-m", "merge").decode().strip()
+    created = GitRepo(str(repo)).created_times(head)
+    assert len(created) == len(GOOD) + len(many)
+    assert created["users/alice/models/chat.yaml"] == T1
+    assert created[decoded(next(iter(many)))] == T2
