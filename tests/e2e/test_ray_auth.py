@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.dashboard import Dashboard, DashboardError, token_from_env
-from reconciler.errors import ArgusError, RayUnavailable
+from reconciler.dashboard import Dashboard, DashboardError
+from reconciler.errors import RayUnavailable
 from reconciler.testing.deps import require
 from reconciler.testing.ray_head import RayHead
 
@@ -90,14 +90,3 @@ def test_client_works_against_a_head_without_auth(ray_head: RayHead, monkeypatch
     assert "ray_version" in Dashboard(ray_head.dashboard_url).get("/api/version")
     monkeypatch.setenv("ARGUS_RAY_TOKEN", TOKEN)
     assert "ray_version" in Dashboard(ray_head.dashboard_url).get("/api/version")
-
-
-def test_token_sources_and_a_broken_token_file(tmp_path: Path) -> None:
-    assert token_from_env({}) is None
-    assert token_from_env({"RAY_AUTH_TOKEN": " t1 ", "RAY_AUTH_TOKEN_PATH": "/nonexistent"}) == "t1"
-    assert token_from_env({"ARGUS_RAY_TOKEN": "a", "RAY_AUTH_TOKEN": "b"}) == "a"
-    with pytest.raises(ArgusError, match="cannot read"):
-        token_from_env({"RAY_AUTH_TOKEN_PATH": str(tmp_path / "missing")})
-    (tmp_path / "empty").write_text("\n")
-    with pytest.raises(ArgusError, match="empty"):
-        token_from_env({"RAY_AUTH_TOKEN_PATH": str(tmp_path / "empty")})
