@@ -9,11 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reconciler.errors import Issue
-from reconciler.plan.actions import ActionType
+from reconciler.plan.actions import ActionType, Plan
 from reconciler.plan.actual import ActualJob, ActualModel, ActualState, Capacity
 from reconciler.plan.planner import free_capacity, plan
 from reconciler.spec.hashing import model_spec_hash, submission_id, task_spec_hash
-from reconciler.spec.types import ClusterSpec, DesiredState, ModelSpec, ObjectKey, TaskSpec, UserPolicy
+from reconciler.spec.types import Admission, ClusterSpec, DesiredState, ModelSpec, ObjectKey, TaskSpec, UserPolicy
 from tests import support
 
 USERS = ("alice", "bob", "carol")
@@ -201,3 +201,28 @@ def test_a_finished_run_is_never_resubmitted(scenario: tuple[DesiredState, Actua
     ran = {j.submission_id for j in actual.jobs}
     for action in result.of(ActionType.SUBMIT_TASK):
         assert action.submission_id not in ran
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(scenarios(), st.sampled_from(["BestEffortFIFO", "StrictFIFO"]))
+def test_an_unschedulable_request_blocks_nobody(scenario: tuple[DesiredState, ActualState], policy: str) -> None:
+    """Whatever the policy, every other object is planned exactly as if the unschedulable
+    requests (that have nothing running) were not in the repository at all."""
+    desired, actual = scenario
+    desired = replace(desired, cluster=replace(desired.cluster, admission=Admission(policy)))  # type: ignore[arg-type]
+    result = plan(desired, actual)
+    running = set(actual.models) | {j.key for j in actual.jobs}
+    never = {a.key for a in result.of(ActionType.UNSCHEDULABLE)} - running
+    if not never:
+        return
+    without = replace(
+        desired,
+        models={k: v for k, v in desired.models.items() if k not in never},
+        tasks={k: v for k, v in desired.tasks.items() if k not in never},
+    )
+    waiting = (*ADMITTED, ActionType.QUEUE, ActionType.UNSCHEDULABLE)
+
+    def others(p: Plan) -> list[tuple[str, ObjectKey, str]]:
+        return [(a.type.value, a.key, a.reason) for a in p.of(*waiting) if a.key not in never]
+
+    assert others(result) == others(plan(without, actual))
