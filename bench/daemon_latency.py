@@ -132,6 +132,13 @@ def status_commit_for(repo: ConfigRepo, sha: str, pushed: float, timeout: float 
     return float("inf"), []
 
 
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pushes", type=int, default=20)
@@ -140,7 +147,7 @@ def main() -> int:
     head = start_head(num_cpus=8, num_gpus=64, resources={"worker_node": 64}, env={"PYTHONPATH": str(ROOT)})
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        with tempfile.TemporaryDirectory(prefix="argus-bench-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="argus-bench-", ignore_cleanup_errors=True) as tmp:
             root = Path(tmp)
             (root / "hf").mkdir()
             dash = Dashboard(head.dashboard_url)
@@ -166,10 +173,9 @@ def main() -> int:
                 seconds, sha = push_task(big, dash, f"s{i:03d}")
                 commits.append(status_commit_for(big, sha, time.time() - seconds))
             rss = rss_peak_mb(big_proc.pid)
+            stop(procs)  # before the folder they write to goes
     finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=60)
+        stop(procs)
         head.stop()
     load = os.getloadavg()
     print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load {load[0]:.1f}")
