@@ -458,8 +458,12 @@ class HttpServer:
                 self.metrics.error("webhook_signature")
                 response = _simple_response(401, _json_body(401, "bad signature"))
             else:
-                relevant = self.on_push(pushed_ref(request.body))
-                response = _simple_response(202, json.dumps({"accepted": relevant, "time": time.time()}).encode())
+                try:
+                    relevant = self.on_push(pushed_ref(request.body))
+                    response = _simple_response(202, json.dumps({"accepted": relevant, "time": time.time()}).encode())
+                except Exception:  # the git host gets an answer; the traceback goes to the log only
+                    log.exception("webhook trigger failed")
+                    response = _simple_response(500, _json_body(500, "internal error"))
             request.body = b""
         finally:
             self._unreserve(request.reserved)

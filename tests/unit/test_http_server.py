@@ -350,3 +350,38 @@ def test_cli_default_body_limit_matches_the_server() -> None:
 
     assert cli.DEFAULT_MAX_BODY == DEFAULT_MAX_BODY
     assert cli.build_parser().parse_args(["run", "--repo", "."]).webhook_max_bytes == DEFAULT_MAX_BODY
+
+
+def test_a_client_that_never_reads_frees_its_worker() -> None:
+    """Writes time out: a page client that stops reading holds its (only) worker for write_timeout, not forever."""
+    finished = threading.Event()
+
+    def big() -> Iterator[bytes]:
+        try:
+            for _ in range(256):
+                yield b"x" * (1024 * 1024)
+        finally:
+            finished.set()
+
+    def handler(method: str, path: str, query: Mapping[str, list[str]]) -> Response | None:
+        return Response(200, "text/plain", big() if path == "/big" else b"small")
+
+    server = start_server(
+        "127.0.0.1:0",
+        metrics=Metrics(),
+        on_push=None,
+        secret=None,
+        health=dict,
+        pages=handler,
+        page_threads=1,
+        write_timeout=1.0,
+    )
+    try:
+        stuck = socket.create_connection(server.server_address, timeout=5)
+        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stuck.sendall(b"GET /big HTTP/1.1\r\n\r\n")  # and never read
+        assert finished.wait(5), "the worker is still writing to a client that does not read"
+        assert exchange(server.server_address, b"GET /small HTTP/1.1\r\n\r\n")[2] == b"small"
+        stuck.close()
+    finally:
+        server.shutdown()
