@@ -123,6 +123,10 @@ _PATH_PREFIX = re.compile(_PATH_START)
 # not paths), up to the next list/mapping delimiter. It runs through spaces: hydra keeps them.
 _PATH_IN_TEXT = re.compile(r"(?:^|(?<=[\s\[,{(=])|(?<=:)(?!//))" + _PATH_START + r"[^,\]})'\"]*")
 _QUOTED = re.compile(r"'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\"")
+# `..` in a relative path climbs from wherever the job or replica runs, out of any root.
+_DOTDOT_TEXT = re.compile(r"(?:^|[/\\\s,\[{(=:'\"])\.\.(?:[/\\]|$|[\s,\]})'\"])")
+_DOTDOT_WHOLE = re.compile(r"(?:^|[/\\])\.\.(?:[/\\]|$)")
+_DOTDOT_WHY = "`..` is not allowed in a path (it could climb out of your home from wherever the job runs)"
 _RESOLVER = re.compile(r"\$\{\s*([A-Za-z_][\w.]*)\s*:([^}]*)\}")
 # Interpolations argus itself sets in every job's environment (reconciler.builders.jobs.job_env).
 _ARGUS_ENV = frozenset({"ARGUS_RUN_DIR", "ARGUS_CHECKPOINT_DIR"})
@@ -312,7 +316,10 @@ def _path_value(
     if not hydra:
         # A YAML value is already split into lists and mappings: a string is a path when it
         # starts like one, as a whole (a chat template's `{{ a / b }}` is not).
-        return problems, (check(value) if _PATH_PREFIX.match(value) else value)
+        out_value = check(value) if _PATH_PREFIX.match(value) else value
+        if not problems and _DOTDOT_WHOLE.search(value):
+            problems.append(f"`{key}`: {value!r}: {_DOTDOT_WHY}")
+        return problems, out_value
     # A hydra value is text. A quoted string is one value (commas and spaces included), so it is
     # checked whole: checking only its first part would let `'$HOME/x, ../../alice'` through.
     out, pos = [], 0
@@ -323,6 +330,8 @@ def _path_value(
         out.append(quote + (check(content) if _PATH_PREFIX.match(content) else in_text(content)) + quote)
         pos = match.end()
     out.append(in_text(value[pos:]))
+    if not problems and _DOTDOT_TEXT.search(value):
+        problems.append(f"`{key}`: {value!r}: {_DOTDOT_WHY}")
     return problems, "".join(out)
 
 

@@ -217,6 +217,7 @@ MODEL_HEAD = "kind: Model\nsource: Qwen/Qwen2.5-0.5B-Instruct\nengine_kwargs:\n"
         ("speculative_config: {model: /private/users/alice/draft}", "engine_kwargs.speculative_config.model"),
         ("default_mm_loras: {image: /private/users/alice/lora}", "engine_kwargs.default_mm_loras.image"),
         ("hf_overrides: {x: $HOME/../alice}", "outside the allowed roots"),
+        ("hf_overrides: {x: ../../../private/users/alice}", "`..` is not allowed in a path"),
         ("chat_template: /etc/passwd", "outside the allowed roots"),
     ],
 )
@@ -276,3 +277,54 @@ def test_symlinks_in_override_and_engine_paths_are_followed(tmp_path: Path) -> N
     assert [(i.line, "is a symlink to " + real in i.message) for i in state.issues if i.path == BOB_MODEL.path] == [
         (4, True)
     ]
+
+
+# -- property: however a foreign path is wrapped, it is found ---------------------------------------
+
+_FOREIGN = [
+    "/private/users/alice/x",
+    "$HOME/../alice/x",
+    "$HOME/a/../../alice",
+    "/private/users/bob/../alice/x",
+    "/etc/passwd",
+    "file:///private/users/alice/x",
+    "~alice/x",
+    "$OTHER/x",
+    "../../../../private/users/alice/x",
+    "y/../../../alice",
+    "/private/users/bob/x, y/../../../alice",
+]
+_WRAPS = [
+    "{p}",
+    "'{p}'",
+    '"{p}"',
+    "[{p}]",
+    "[/private/users/bob/ok,{p}]",
+    "['/private/users/bob/ok', '{p}']",
+    "{{a: {p}}}",
+    "{{a: 1, b: '{p}'}}",
+    "{{a:{p}}}",
+    "--flag={p}",
+    "x {p}",
+]
+
+
+@pytest.mark.parametrize("wrap", _WRAPS)
+@pytest.mark.parametrize("path", _FOREIGN)
+@pytest.mark.parametrize("key", ["some.tool.arg", "actor_rollout_ref.rollout.custom.path", "+new.key"])
+def test_a_foreign_path_is_found_however_it_is_wrapped(key: str, path: str, wrap: str) -> None:
+    value = wrap.format(p=path)
+    if "," in path and not wrap.startswith(("'", '"')) and "'{p}'" not in wrap:
+        pytest.skip("unquoted, the comma splits the value: each part is a path of its own")
+    _out, refused = check_overrides([f"{key}={value}"], user="bob", nodes=1, gpus_per_node=1, paths=Paths(), fs=None)
+    assert [i for i, _ in refused] == [0], (value, refused)
+
+
+@pytest.mark.parametrize("wrap", _WRAPS)
+def test_a_path_in_the_home_is_accepted_however_it_is_wrapped(wrap: str) -> None:
+    value = wrap.format(p="$HOME/data/x")
+    out, refused = check_overrides(
+        [f"some.tool.arg={value}"], user="bob", nodes=1, gpus_per_node=1, paths=Paths(), fs=None
+    )
+    assert refused == [], (value, refused)
+    assert "$HOME" not in out[0] and "/private/users/bob/data/x" in out[0]
