@@ -267,3 +267,10 @@ def test_argus_logs_follows_a_running_job_redacted(site: Site) -> None:
         text=True,
     )
     assert refused.returncode == 1 and "is not a run of" in refused.stderr
+    # a suspended model has no Serve application: said plainly, exit 1
+    model = subprocess.run(
+        [sys.executable, "-m", "reconciler.cli", "logs", f"{USER}/models/chat", "--server", site.url],
+        capture_output=True,
+        text=True,
+    )
+    assert model.returncode == 1 and "Serve runs no application" in model.stderr
