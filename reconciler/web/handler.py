@@ -97,7 +97,15 @@ def environment() -> jinja2.Environment:
     )
     env.filters["gpus"] = lambda value: f"{value:g}"
     env.filters["short"] = lambda value: str(value or "")[:12]
+    env.filters["clip"] = _clip
     return env
+
+
+def _clip(value: Any, lines: int = 3, chars: int = 280) -> str:
+    """A long reason cut for the overview's table (the object's page shows all of it)."""
+    text = str(value or "")
+    kept = "\n".join(text.splitlines()[:lines])[:chars]
+    return kept if kept == text else kept.rstrip() + " …"
 
 
 def _plain(value: Any) -> Any:
