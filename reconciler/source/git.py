@@ -282,7 +282,8 @@ class GitRepo:
         wanted = set(paths)
         out: dict[str, int] = {}
         side = [f"^{parents[0]}", *parents[1:]]
-        specs: list[str] | None = [self.prefix + p for p in paths]
+        # Literal pathspecs: a name with `*`, `?` or `[` must not match other files as a pattern.
+        specs: list[str] | None = [f":(literal){self.prefix}{p}" for p in paths]
         if sum(len(p) + 1 for p in paths) > PATHSPEC_BYTES:
             specs = None  # a merge adding many files: all relevant paths, filtered here (argv has a limit)
         for _parents, when, added in self._adds(*side, pathspecs=specs):

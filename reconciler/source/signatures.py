@@ -32,7 +32,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from reconciler.errors import ConfigError
-from reconciler.source.git import APPROVE_TRAILER, GitRepo, git
+from reconciler.source.git import APPROVE_TRAILER, GitRepo, decode_path, git
 
 Entry = tuple[str, str]  # (mode, blob)
 
@@ -163,7 +163,7 @@ class SignatureVerifier:
                 meta, _, path_b = record.partition(b"\t")
                 if meta:
                     mode, _type, blob = meta.decode().split()
-                    tree.entries[path_b.decode(errors="replace")] = (mode, blob)
+                    tree.entries[decode_path(path_b)] = (mode, blob)
             tree.created = {p: t for p, t in self.repo.created_times(start).items() if p in tree.entries}
         signers = self._read_signers()
         out = git(
@@ -190,7 +190,7 @@ class SignatureVerifier:
                 header, changes = raw[1:].decode().split(), []
             elif raw.startswith(b":") and i + 1 < len(tokens):
                 _old_mode, new_mode, _old_blob, new_blob, status = raw[1:].decode().split()
-                path = tokens[i + 1].decode(errors="replace")
+                path = decode_path(tokens[i + 1])
                 changes.append((path, None if status == "D" else (new_mode, new_blob)))
                 i += 1
             i += 1

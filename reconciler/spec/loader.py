@@ -132,9 +132,16 @@ def load(
         cluster_doc, cluster_issues = _parse_checked(by_path["cluster.yaml"], "Cluster", cache)
         if cluster_doc is not None and not cluster_issues:
             blob = by_path["cluster.yaml"].blob
-            cluster = cache.clusters.get(blob) or cache.clusters.setdefault(blob, cluster_from(cluster_doc.data))
+            try:
+                cluster = cache.clusters.get(blob) or cache.clusters.setdefault(blob, cluster_from(cluster_doc.data))
+            except (TypeError, ValueError, KeyError, AttributeError) as exc:
+                # Schema-valid data should always build; if it does not, the file is invalid, not the load.
+                cluster_issues = [Issue("cluster.yaml", 1, f"cannot use cluster.yaml: {exc}")]
+                cluster = ClusterSpec()
             router = cluster.serving.router
-            if router.max_replicas < router.min_replicas:
+            if cluster_issues:
+                cluster_valid = False
+            elif router.max_replicas < router.min_replicas:
                 cluster_issues = [
                     Issue(
                         "cluster.yaml",

@@ -121,3 +121,19 @@ def test_incremental_walk_agrees_with_a_fresh_one_across_a_merge(tmp_path: Path)
     head = repo.git("rev-parse", "HEAD")
     assert source.created_times(head) == GitRepo(str(repo.root)).created_times(head)
     assert source.created_times(head)[NEW] == T0 + HOUR
+
+
+def test_a_file_name_with_pathspec_magic_matches_only_itself(tmp_path: Path) -> None:
+    repo = WorkRepo(tmp_path / "config")
+    repo.write("users/bob/models/old.yaml", model())
+    repo.commit("base", T0)
+    repo.git("checkout", "-q", "-b", "pr")
+    repo.write("users/alice/models/abc.yaml", model())
+    repo.commit("a plain name, early", T0 + HOUR)
+    repo.write("users/alice/models/a*c.yaml", model())
+    repo.commit("a name that is also a glob", T0 + 2 * HOUR)
+    repo.git("checkout", "-q", "main")
+    repo.git("merge", "-q", "--no-ff", "-m", "merge", "pr", when=T0 + 9 * HOUR)
+    times = GitRepo(str(repo.root)).created_times(repo.git("rev-parse", "HEAD"))
+    assert times["users/alice/models/a*c.yaml"] == T0 + 2 * HOUR  # not abc.yaml's earlier add
+    assert times["users/alice/models/abc.yaml"] == T0 + HOUR
