@@ -23,7 +23,7 @@ from reconciler.plan.actions import ActionType
 from reconciler.plan.actual import ActualState
 from reconciler.plan.admission import unschedulable
 from reconciler.plan.planner import plan as make_plan
-from reconciler.redact import redact_url
+from reconciler.redact import redact, redact_url
 from reconciler.source.directory import created_times, read_directory
 from reconciler.source.localfs import LocalFS
 from reconciler.source.remote import open_source
@@ -770,7 +770,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"argus: error: {MissingExtra(args.command, exc.name or '?')}", file=sys.stderr)
         return 1
     except ArgusError as exc:
-        print(f"argus: error: {exc}", file=sys.stderr)
+        print(f"argus: error: {redact(str(exc))}", file=sys.stderr)  # messages may quote git's output, URLs
         return 1
     except KeyboardInterrupt:
         return 130

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from reconciler.errors import SourceUnavailable
+from reconciler.redact import redact
 from reconciler.source.git import GitRepo
 from reconciler.source.remote import RepoSource, open_source
 from reconciler.web import view
@@ -50,7 +51,7 @@ def fetch_status_source(repo: str, cache_dir: str, branch: str) -> tuple[RepoSou
         capture_output=True,
     )
     if proc.returncode != 0:
-        return source, f"could not fetch {branch} from origin: {proc.stderr.decode(errors='replace').strip()}"
+        return source, f"could not fetch {branch} from origin: {redact(proc.stderr.decode(errors='replace').strip())}"
     return source, None
 
 

@@ -136,3 +136,12 @@ def test_clone_error_hides_url_credentials(tmp_path: Path) -> None:
         open_source("http://alice:tok-SECRET-123@127.0.0.1:9/cfg.git", str(tmp_path))
     assert "tok-SECRET" not in str(info.value)
     assert "http://***@127.0.0.1:9/cfg.git" in str(info.value)
+
+
+def test_cli_errors_hide_url_credentials(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from reconciler.cli import main
+
+    url = "https://alice:tok-SECRET-456@127.0.0.1:9/cfg.git"  # nothing listens: the real clone fails
+    assert main(["status", "--repo", url, "--cache-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "tok-SECRET" not in err and "https://***@127.0.0.1:9/cfg.git" in err
