@@ -229,7 +229,7 @@ def _plans(result: TickResult, keys: set[ObjectKey]) -> dict[ObjectKey, list[str
 
 
 @settings(
-    max_examples=int(os.environ.get("ARGUS_FUZZ_EXAMPLES", "150")),
+    max_examples=int(os.environ.get("ARGUS_FUZZ_EXAMPLES", "200")),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
 )
