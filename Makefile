@@ -34,10 +34,10 @@ e2e: venv
 
 # Debian packages the real-stack tests drive: headless Chromium + its driver (status page), sshd (SFTP).
 sysdeps:
-	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null || ! test -x /usr/sbin/sshd; then \
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null || ! test -x /usr/sbin/sshd || ! command -v rsync >/dev/null; then \
 		if [ "$$(id -u)" = 0 ]; then \
-			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver openssh-server; \
-		else echo "install chromium chromium-driver openssh-server (Debian packages) to run every test"; fi; \
+			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver openssh-server rsync; \
+		else echo "install chromium chromium-driver openssh-server rsync (Debian packages) to run every test"; fi; \
 	fi
 
 test: lint sysdeps

@@ -1,6 +1,7 @@
 """The compose file service (images/sftp), run for real: Debian's sshd on a loopback port with the config the
 image renders (``sshd-config``), accounts made by the image's ``sync-accounts`` from key files, keys served by
-its ``sftp-authorized-keys``, and the real ``sftp``/``scp``/``ssh`` clients with real keys.
+its ``sftp-authorized-keys``, rsync put into the chroot by its ``rsync-chroot`` and served through its
+``rsync-shell``, and the real ``sftp``/``scp``/``ssh``/``rsync`` clients with real keys.
 
 Accounts: the test makes real system accounts (CI runs as root) with unique names through the image's own
 ``sync-accounts``, and deletes them, their groups, the sshd it started and its folder at the end.
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -27,15 +30,15 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 IMAGE = Path(__file__).resolve().parents[2] / "images" / "sftp"
-SCRIPTS = ("entrypoint", "sshd-config", "sync-accounts", "sftp-authorized-keys")
+SCRIPTS = ("entrypoint", "sshd-config", "sync-accounts", "sftp-authorized-keys", "rsync-chroot", "rsync-shell")
 SSHD = "/usr/sbin/sshd"
 RAY_UID = RAY_GID = 1000
 
 
 def require_sshd() -> None:
     """Skip without sshd, the clients or root; in CI fail instead (the test must run there)."""
-    missing = [p for p in (SSHD, "sftp", "scp", "ssh", "ssh-keygen", "useradd") if not shutil.which(p)]
-    problem = f"missing {', '.join(missing)} (apt-get install openssh-server openssh-client)" if missing else ""
+    missing = [p for p in (SSHD, "sftp", "scp", "ssh", "ssh-keygen", "useradd", "rsync") if not shutil.which(p)]
+    problem = f"missing {', '.join(missing)} (apt-get install openssh-server openssh-client rsync)" if missing else ""
     if not problem and os.geteuid() != 0:
         problem = "needs root (it creates system accounts and chroots)"
     if problem:
@@ -109,6 +112,25 @@ class Service:
             "-o",
             "ConnectTimeout=10",
         ]
+
+    def rsync(self, who: str, *args: str) -> subprocess.CompletedProcess[str]:
+        """The real rsync client over ssh, as the README writes it (``-e "ssh -p PORT"``, plus the test's key)."""
+        return subprocess.run(
+            ["rsync", "-e", shlex.join(["ssh", "-p", str(self.port), *self.ssh_options(who, None)]), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=self.root / "client",
+        )
+
+    def ssh(self, who: str, command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["ssh", *self.ssh_options(who, None), "-p", str(self.port), self.login(who), command],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
 
     def sftp(self, who: str, *commands: str, key: Path | None = None) -> subprocess.CompletedProcess[str]:
         """Run ``commands`` as one ``sftp -b -`` batch on stdin (it stops at the first failing command)."""
@@ -269,7 +291,14 @@ def test_user_cannot_escape_the_chroot(service: Service) -> None:
     listing = service.sftp("alice", "cd /", "ls -1", "cd ../../..", "pwd")
     assert listing.returncode == 0, listing.stderr
     names = {line.strip() for line in listing.stdout.splitlines() if line.strip() and not line.startswith("sftp>")}
-    assert names - {"Remote working directory: /"} == {"cache", "users"}, listing.stdout
+    # Besides the homes and the cache, only what rsync-chroot copied for rsync (bin/, the library folders),
+    # all root's and read-only to users.
+    system = {path.name for path in service.chroot.iterdir()} - {"cache", "users"}
+    assert "bin" in system and names - {"Remote working directory: /"} == {"cache", "users"} | system, listing.stdout
+    for top in system:
+        for path in (service.chroot / top, *(service.chroot / top).rglob("*")):
+            st = path.lstat()
+            assert st.st_uid == 0 and not st.st_mode & 0o022, path
     for command in ("get ../../../../etc/passwd passwd", "get /etc/hostname hostname", "symlink /etc/passwd pw"):
         assert service.sftp("alice", command).returncode != 0, command
     assert not (service.home("alice") / "pw").exists()
@@ -295,6 +324,7 @@ def test_no_shell_and_no_legacy_scp(service: Service) -> None:
         stdin=subprocess.DEVNULL,
     )
     assert "uid=" not in shell.stdout and "root:" not in shell.stdout, shell.stdout
+    assert shell.returncode != 0 and "argus file service: command not allowed: id" in shell.stderr
     (service.root / "client" / "s.txt").write_text("scp\n")
     scp = subprocess.run(
         ["scp", *opts, "-P", str(service.port), "s.txt", f"{user}:s.txt"],
@@ -333,3 +363,128 @@ def test_keys_are_per_user_and_take_effect_without_restart(service: Service) -> 
     assert service.sftp("alice", "pwd").returncode != 0
     service.authorize("alice", service.key("alice"))
     assert service.sshd.poll() is None and service.sshd.pid == pid
+
+
+def test_rsync_uploads_a_tree_and_downloads_the_cache(service: Service) -> None:
+    client = service.root / "client"
+    tree = client / "proj"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "a.txt").write_text("a\n")
+    (tree / "my file.txt").write_text("spaced\n")
+    (tree / "sub" / "private.bin").write_bytes(b"\0\1")
+    (tree / "sub" / "private.bin").chmod(0o600)  # private on the laptop: Ray must still read it
+    (tree / "sub").chmod(0o700)
+    (tree / "tool").write_text("#!/bin/sh\n")
+    (tree / "tool").chmod(0o4755)  # setuid: not kept
+    # As in the README.
+    up = service.rsync("alice", "-a", "proj", f"{service.login('alice')}:data/")
+    assert up.returncode == 0, up.stderr
+    home = service.home("alice")
+    assert (home / "data/proj/a.txt").read_text() == "a\n"
+    assert (home / "data/proj/my file.txt").read_text() == "spaced\n"
+    assert as_ray_worker("cat", str(home / "data/proj/sub/private.bin")).stdout == "\0\1"
+    assert (home / "data/proj/tool").stat().st_mode & 0o7777 == 0o755
+    alice_uid = pwd.getpwnam(service.users["alice"]).pw_uid
+    assert (home / "data/proj/a.txt").stat().st_uid == alice_uid  # her own uid: no chown to anybody else
+    # Again, changed: only the change moves, and --delete works inside her home.
+    (tree / "a.txt").write_text("a2\n")
+    (tree / "my file.txt").unlink()
+    again = service.rsync("alice", "-a", "--delete", "proj/", f"{service.login('alice')}:data/proj/")
+    assert again.returncode == 0, again.stderr
+    assert (home / "data/proj/a.txt").read_text() == "a2\n" and not (home / "data/proj/my file.txt").exists()
+    # Downloads: her own files, and the shared cache (read-only, by its path in the chroot).
+    down = service.rsync("alice", "-a", f"{service.login('alice')}:/cache/hub/models--org--m", "got/")
+    assert down.returncode == 0, down.stderr
+    assert (client / "got/models--org--m/snapshots/r1/config.json").read_text() == '{"model_type": "llama"}\n'
+    back = service.rsync("alice", "-a", f"{service.login('alice')}:data/proj/sub/private.bin", "back.bin")
+    assert back.returncode == 0 and (client / "back.bin").read_bytes() == b"\0\1", back.stderr
+    # A model folder into a folder that does not exist yet (README: `rsync -a --mkpath ... qwen ...:models/`).
+    (client / "qwen").mkdir(exist_ok=True)
+    (client / "qwen" / "config.json").write_text("{}\n")
+    mk = service.rsync("alice", "-a", "--mkpath", "qwen", f"{service.login('alice')}:new/models/")
+    assert mk.returncode == 0 and (home / "new/models/qwen/config.json").read_text() == "{}\n", mk.stderr
+    # Remote wildcards are not expanded (the command never reaches a shell): the README says so.
+    glob = service.rsync("alice", f"{service.login('alice')}:data/proj/*.txt", "glob/")
+    assert glob.returncode != 0 and not (client / "glob").exists()
+
+
+def test_rsync_cannot_write_the_cache_or_reach_another_home(service: Service) -> None:
+    client = service.root / "client"
+    (client / "x.txt").write_text("x\n")
+    secret = service.home("bob") / "secret.txt"
+    secret.write_text("bob's\n")
+    os.chown(secret, RAY_UID, service.home("bob").stat().st_gid)
+    alice, bob = service.login("alice"), service.users["bob"]
+    for args in (
+        ["x.txt", f"{alice}:/cache/"],
+        ["x.txt", f"{alice}:/cache/hub/models--org--m/snapshots/r1/config.json"],
+        ["-r", "--delete", "--existing", "--ignore-existing", "stolen/", f"{alice}:/cache/"],
+        [f"{alice}:../{bob}/secret.txt", "stolen.txt"],
+        [f"{alice}:/users/{bob}/secret.txt", "stolen.txt"],
+        ["-r", f"{alice}:/users/{bob}/", "stolen/"],
+        ["x.txt", f"{alice}:../{bob}/"],
+        ["x.txt", f"{alice}:/users/{bob}/x.txt"],
+        ["--list-only", f"{alice}:/users/"],  # not even who has a home
+        [f"{alice}:/etc/passwd", "stolen.txt"],
+        [f"{alice}:../../../../etc/passwd", "stolen.txt"],
+    ):
+        (client / "stolen").mkdir(exist_ok=True)
+        proc = service.rsync("alice", *args)
+        assert proc.returncode != 0, (args, proc.stdout)
+        assert bob not in proc.stdout, (args, proc.stdout)
+    assert not (client / "stolen.txt").exists() and not any((client / "stolen").iterdir())
+    assert not (service.chroot / "cache" / "x.txt").exists() and not (service.home("bob") / "x.txt").exists()
+    assert (service.chroot / "cache/hub/models--org--m/snapshots/r1/config.json").exists()
+    assert secret.read_text() == "bob's\n"
+
+
+def test_rsync_symlinks_are_munged_and_specials_refused(service: Service) -> None:
+    client = service.root / "client"
+    links = client / "links"
+    links.mkdir()
+    (links / "pw").symlink_to("/etc/passwd")
+    (links / "bob-abs").symlink_to(service.home("bob") / "secret.txt")
+    (links / "bob-rel").symlink_to(Path("..") / ".." / service.users["bob"] / "secret.txt")
+    (links / "cache").symlink_to("/cache")
+    os.mkfifo(links / "fifo")
+    up = service.rsync("alice", "-a", "--specials", "links", f"{service.login('alice')}:")
+    assert up.returncode == 0, up.stderr
+    home = service.home("alice") / "links"
+    for name in ("pw", "bob-abs", "bob-rel", "cache"):
+        target = os.readlink(home / name)
+        # Not a working link outside the chroot: Ray's workers (and root) find nothing behind it.
+        assert target.startswith("/rsyncd-munged/"), (name, target)
+        assert not (home / name).exists() and as_ray_worker("cat", str(home / name)).returncode != 0
+    assert not os.path.lexists(home / "fifo")
+    # Her own links come back as she made them; following them (-L) finds nothing inside the chroot.
+    back = service.rsync("alice", "-a", f"{service.login('alice')}:links/", "links-back/")
+    assert back.returncode == 0, back.stderr
+    assert os.readlink(client / "links-back/pw") == "/etc/passwd"
+    followed = service.rsync("alice", "-L", f"{service.login('alice')}:links/pw", "pw-copy")
+    assert followed.returncode != 0 and not (client / "pw-copy").exists()
+
+
+def test_only_the_rsync_server_runs(service: Service) -> None:
+    for command in (
+        "id",
+        "sh",
+        "sh -c id",
+        "rsync --daemon",
+        "rsync --server --daemon .",
+        "rsync --version",
+        "rsync --server -vlogDtpre.iLsfxCIvu --no-munge-links . x",
+        "rsync --server -slogDtpre.iLsfxCIvu . x",  # --secluded-args: options would follow unchecked
+        "rsync --server -vlogDtpre.iLsfxCIvu x; id",
+        "/bin/rsync --server -vlogDtpre.iLsfxCIvu . x",
+        "",  # a login shell
+    ):
+        proc = service.ssh("alice", command)
+        assert proc.returncode != 0, (command, proc.stdout)
+        assert "argus file service:" in proc.stderr and "uid=" not in proc.stdout, (command, proc.stderr)
+    # The same through the rsync client: daemon mode over ssh, and secluded args.
+    (service.root / "client" / "d.txt").write_text("d\n")
+    daemon = service.rsync("alice", "d.txt", f"{service.login('alice')}::module/")
+    assert daemon.returncode != 0 and "option not allowed: --daemon" in daemon.stderr, daemon.stderr
+    secluded = service.rsync("alice", "-s", "d.txt", f"{service.login('alice')}:")
+    assert secluded.returncode != 0 and "--secluded-args" in secluded.stderr, secluded.stderr
+    assert not (service.home("alice") / "d.txt").exists()

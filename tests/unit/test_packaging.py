@@ -292,11 +292,12 @@ def test_sftp_config_confines_every_session() -> None:
     out = subprocess.run(["sh", str(script)], capture_output=True, text=True, check=True, env={}).stdout
     conf = dict(line.split(None, 1) for line in out.splitlines() if line.strip() and not line.startswith("#"))
     assert conf["ChrootDirectory"] == "/srv/sftp" and conf["AllowGroups"] == "argus-sftp"
-    assert conf["ForceCommand"].startswith("internal-sftp ") and "-P symlink,hardlink" in conf["ForceCommand"]
+    assert conf["Subsystem"].startswith("sftp internal-sftp ") and "-P symlink,hardlink" in conf["Subsystem"]
+    assert "ForceCommand" not in conf and conf["PermitUserRC"] == "no"  # commands: the rsync-only login shell
     assert conf["PasswordAuthentication"] == "no" and conf["PermitRootLogin"] == "no"
     assert conf["DisableForwarding"] == "yes" and conf["PermitTTY"] == "no"
     assert conf["AuthorizedKeysCommand"] == "/usr/local/bin/sftp-authorized-keys %u /keys"
-    for name in ("entrypoint", "sync-accounts", "sftp-authorized-keys"):
+    for name in ("entrypoint", "sync-accounts", "sftp-authorized-keys", "rsync-chroot", "rsync-shell"):
         assert os.access(SFTP / name, os.X_OK)
         subprocess.run(["bash", "-n", str(SFTP / name)], check=True)
     assert PROMISES["sftp_remote"] in (ROOT / "docker-compose.yaml").read_text().replace("alice", "<user>")
