@@ -62,7 +62,8 @@ def test_an_unexpected_exception_is_logged_once_counted_shown_and_retried(
         raise RuntimeError("a bug nobody foresaw")
 
     # The observation step is not per object: an exception there is the loop's to contain.
-    monkeypatch.setattr(tick_module, "observe_capacity", broken)
+    # (Serve is observed on every tick; capacity may be reused from a recent observation.)
+    monkeypatch.setattr(tick_module, "observe_serve", broken)
     with caplog.at_level(logging.ERROR, logger="argus"):
         first, second = daemon.run_once(), daemon.run_once()
     assert 0 < first < second  # backs off, and keeps backing off
