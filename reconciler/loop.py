@@ -55,7 +55,13 @@ class Daemon:
         self.redact = redact or Redactor(reconciler.secrets_env.values())
         if writer.redact is no_redaction:
             writer.redact = self.redact
-        self.reporter = Reporter(reconciler.dash, writer, self.metrics, redact=self.redact)
+        self.reporter = Reporter(
+            reconciler.dash,
+            writer,
+            self.metrics,
+            redact=self.redact,
+            secret_names=tuple(sorted(reconciler.secrets_env)),
+        )
         if background_status:
             self.reporter.start()
         # The status branch is the durable record of runs: read them from it, and record a

@@ -13,13 +13,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
+from reconciler.builders.resolved import resolved_spec
 from reconciler.dashboard import Dashboard
 from reconciler.errors import ArgusError
 from reconciler.observe.jobs import job_log_tail
 from reconciler.plan.actions import ActionType
 from reconciler.plan.actual import FINAL_JOB_STATES
 from reconciler.server import Metrics
+from reconciler.spec.types import ModelSpec, TaskSpec
 from reconciler.status.writer import StatusReport, StatusWriter
 from reconciler.tick import TickResult
 
@@ -42,8 +45,12 @@ class Reporter:
         metrics: Metrics,
         *,
         redact: Callable[[str], str] = _identity,
+        secret_names: tuple[str, ...] = (),
     ) -> None:
         self.dash = dash
+        self.secret_names = secret_names
+        # path -> (file blob, cluster, resolved spec): rebuilt only when the file or cluster.yaml changed.
+        self._resolved: dict[str, tuple[str | None, object, dict[str, Any]]] = {}
         self.writer = writer
         self.metrics = metrics
         self.redact = redact
@@ -168,7 +175,30 @@ class Reporter:
             spec_ids=result.spec_ids,
             subject=result.subject,
             daemon_error=self.daemon_error,
+            resolved=self._resolve(result),
         )
+
+    def _resolve(self, result: TickResult) -> dict[str, dict[str, Any]]:
+        """path -> resolved spec of every loaded object; O(changed objects) after the first tick."""
+        cluster = result.desired.cluster
+        out: dict[str, dict[str, Any]] = {}
+        memo: dict[str, tuple[str | None, object, dict[str, Any]]] = {}
+        specs: list[ModelSpec | TaskSpec] = [*result.desired.models.values(), *result.desired.tasks.values()]
+        for spec in specs:
+            path = spec.key.path
+            blob = result.spec_ids.get(path)
+            known = self._resolved.get(path)
+            if known is not None and known[0] == blob and blob is not None and known[1] is cluster:
+                memo[path] = known
+            else:
+                try:
+                    memo[path] = (blob, cluster, resolved_spec(spec, cluster, secret_names=self.secret_names))
+                except Exception as exc:  # one object's derivation must not stop the report
+                    log.error("resolving %s failed", spec.key, exc_info=exc)
+                    continue
+            out[path] = memo[path][2]
+        self._resolved = memo
+        return out
 
     def _fetch_log_tails(self, result: TickResult) -> None:
         for job in result.actual.jobs:

@@ -38,6 +38,7 @@ def object_document(
     checkpoints: Mapping[str, str | None],
     spec_id: str | None = None,
     redact: Callable[[str], str] = str,
+    spec: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Return the status document of one object, carrying history over from ``previous``.
 
@@ -80,6 +81,10 @@ def object_document(
     if spec_id is not None or "spec_id" in prev:
         doc["spec_id"] = spec_id if spec_id is not None else prev["spec_id"]
     doc["last_transition"] = last_transition
+    if spec is not None:  # what argus derived from the file (reconciler.builders.resolved)
+        doc["spec"] = _redacted(spec, redact)
+    elif "spec" in prev and st.state == "INVALID":
+        doc["spec"] = prev["spec"]  # an invalid file keeps what runs: show what was derived for it
     first_seen = prev.get("first_seen") or (_iso(st.first_seen) if st.first_seen is not None else None)
     if first_seen:  # recorded once, never changed: the first-come-first-served order survives restarts
         doc["first_seen"] = first_seen
@@ -112,6 +117,16 @@ def object_document(
             doc["runs"] = [*kept, *doc["runs"]]
     doc["events"] = events[-MAX_EVENTS:]
     return doc
+
+
+def _redacted(value: Any, redact: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, Mapping):
+        return {str(k): _redacted(v, redact) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redacted(v, redact) for v in value]
+    return value
 
 
 def _run(

@@ -60,6 +60,7 @@ class StatusReport:
     source_error: str | None = None
     actual: Mapping[str, Any] | None = None  # ActualState.to_json(), published for `argus plan --actual`
     spec_ids: Mapping[str, str] = field(default_factory=dict)
+    resolved: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # path -> resolved spec
     subject: str = ""
     daemon_error: str | None = None
 
@@ -214,10 +215,12 @@ class StatusWriter:
                 and (st.sync == "Synced" or key in report.applied_keys)
             )
             spec_id = report.spec_ids.get(path)
+            resolved = report.resolved.get(path)
             tails = tuple(j.submission_id in report.log_tails for j in st.runs)
             checkpoints = tuple(report.checkpoints.get(j.submission_id) for j in st.runs)
             # The revision is not an input: an object's document moves only with its own file.
-            signature = (st, applied, spec_id, tails, checkpoints)
+            # The resolved spec is memoised per file and cluster.yaml: the same object while unchanged.
+            signature = (st, applied, spec_id, tails, checkpoints, id(resolved))
             if prev is not None and known_inputs.get(path) == signature:
                 docs[path], inputs[path] = prev, signature  # nothing about this object changed
                 continue
@@ -233,6 +236,7 @@ class StatusWriter:
                     checkpoints=report.checkpoints,
                     spec_id=spec_id,
                     redact=self.redact,
+                    spec=resolved,
                 )
             except Exception as exc:  # one object's document must not stop the others'
                 log.error("status document of %s failed", key, exc_info=exc)
