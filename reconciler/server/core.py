@@ -344,8 +344,9 @@ class HttpServer:
         if request.method == "POST" and request.path == "/hooks/git" and self.on_push is not None:
             self._start_hook(conn, request)
             return
-        if request.method == "POST":
+        if request.method == "POST" and self.page_pool is None:
             raise _RequestError(404, "not found", "not_found")
+        # The pages are read-only: git is the only input.
         raise _RequestError(405, "method not allowed", "method")
 
     def _start_hook(self, conn: _Conn, request: Request) -> None:

@@ -264,7 +264,7 @@ def test_malformed_requests(served: Served) -> None:
         (b"GET /metrics HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(150)) + b"\r\n", 431),
         (b"GET /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", 400),
         (b"DELETE /hooks/git HTTP/1.1\r\n\r\n", 405),
-        (b"POST /elsewhere HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", 404),
+        (b"POST /elsewhere HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", 405),  # the pages are read-only
         (b"GET /hooks/\xff\xfe HTTP/1.1\r\n\r\n", 404),
     ]
     for raw, expected in cases:
