@@ -396,7 +396,7 @@ def test_signed_commits_required(env: Env, tmp_path: Path) -> None:
         note = wait_for(lambda: repo.note(evil), "note on the force-pushed commit", timeout=60)
         assert "history rewritten: not applied" in note, note
         time.sleep(3)
-        assert not owned_jobs(dash, "argus-mallory-")
+        assert not owned_jobs(dash, "argus--mallory--")
         assert owned_jobs(dash, "argus--carol--unsigned--") and owned_jobs(dash, "argus--carol--other--")
         # ... also after a daemon restart (the last applied head is kept outside the repository).
         env.daemon.stop()
@@ -409,7 +409,7 @@ def test_signed_commits_required(env: Env, tmp_path: Path) -> None:
             }
         )
         time.sleep(4)
-        assert not owned_jobs(dash, "argus-mallory-")
+        assert not owned_jobs(dash, "argus--mallory--")
     finally:
         git(repo.work, "checkout", "-q", "-f", "main")
         git(repo.work, "reset", "-q", "--hard", good if "good" in locals() else trusted_from)

@@ -150,7 +150,7 @@ def reconcile_until(
 
 def frank_jobs(dash: Dashboard, task: str | None = None) -> list[dict[str, Any]]:
     """frank's Ray jobs (every state) straight from the Jobs REST API."""
-    prefix = f"argus-{USER}-{task}-" if task else f"argus-{USER}-"
+    prefix = f"argus--{USER}--{task}--" if task else f"argus--{USER}--"
     return [j for j in dash.get("/api/jobs/") if str(j.get("submission_id") or "").startswith(prefix)]
 
 
@@ -209,7 +209,7 @@ def test_command_task_fine_tunes_and_the_model_serves_it(env: Env) -> None:
     assert first.rc == 0, (first.out, first.stderr)
     assert first.state("tune") == "SUBMITTED"
     sid = first.obj("tune")["submission_id"]
-    assert sid.startswith(f"argus-{USER}-tune-")
+    assert sid.startswith(f"argus--{USER}--tune--")
     model = first.obj("tuned", "model")
     assert model["state"] == "QUEUED" and "waiting for task tune" in model["reason"]
 
@@ -373,7 +373,7 @@ def test_changing_a_running_task_restarts_it_and_deleting_it_stops_it(env: Env) 
     changed = reconcile(env)
     assert changed.rc == 0, (changed.out, changed.stderr)
     new = changed.obj("long")["submission_id"]
-    assert new != old and new.startswith(f"argus-{USER}-long-")
+    assert new != old and new.startswith(f"argus--{USER}--long--")
     types = {(a["action"], a.get("submission_id")) for a in changed.out["plan"]["actions"]}
     assert ("stop_task", old) in types and ("submit_task", new) in types, changed.out["plan"]
     assert wait_job(dash, old, FINAL)["status"] == "STOPPED"
