@@ -31,7 +31,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
-from reconciler.errors import ConfigError
+from reconciler.errors import ConfigError, SourceUnavailable
 from reconciler.source.git import APPROVE_TRAILER, GitRepo, decode_path, git
 
 Entry = tuple[str, str]  # (mode, blob)
@@ -83,6 +83,7 @@ class TrustedTree:
     approve_prune: bool = False
     notes: list[str] = field(default_factory=list)
     verified: set[str] = field(default_factory=set)  # first-parent commits whose signature verified
+    signers: dict[str, str] = field(default_factory=dict)  # verified commit -> its signer
 
 
 class SignatureVerifier:
@@ -122,24 +123,40 @@ class SignatureVerifier:
         if rewrite:
             assert previous is not None
             base = self._merge_base(previous, head)
+            since = f"{base[:12] if base else 'the root'}"
             since_base = self._first_parent(f"{base}..{head}" if base else head)
-            bad = [r for r in tree.rejections if r.commit in since_base]
-            if bad:
-                kept = self._verify(previous) if self._exists(previous) else None
-                if kept is not None:
-                    kept.head = head
-                    kept.approve_prune = False
-                    kept.notes.append(
-                        f"history rewritten: not applied: {head[:12]} is not a descendant of the last applied "
-                        f"{previous[:12]} and {len(bad)} change(s) since "
-                        f"{base[:12] if base else 'the root'} are not verified (first: {bad[0]}); "
-                        f"the tree of {previous[:12]} stays in force"
-                    )
-                    self._last = kept  # _applied stays `previous`
-                    return kept
+            bad = [str(r) for r in tree.rejections if r.commit in since_base]
+            kept = self._verify(previous) if self._exists(previous) else None
+            if not bad and kept is not None:
+                # Every new commit verifies, but a rewrite also *drops* commits (a rewind drops
+                # them without adding any): the net change from the tree in force must be one
+                # that the signers of the new commits were allowed to make.
+                signers = {tree.signers[c] for c in since_base if c in tree.signers}
+                old, new = kept.entries or {}, tree.entries or {}
+                for path in sorted(set(old) | set(new)):
+                    if old.get(path) != new.get(path) and not any(self._refuse(path, s) is None for s in signers):
+                        who = ", ".join(sorted(signers)) or "nobody (no new signed commit)"
+                        bad.append(f"{path} changes, and the new commits are signed by {who}")
+                        break
+            if bad and kept is None:
+                # The tree in force cannot be rebuilt (its commit is gone): apply nothing, delete nothing.
+                raise SourceUnavailable(
+                    f"history rewritten: {head[:12]} replaces {previous[:12]}, which is no longer in the "
+                    f"repository, and not every change since {since} is verified (first: {bad[0]}): not applied"
+                )
+            if bad and kept is not None:
+                kept.head = head
+                kept.approve_prune = False
+                kept.notes.append(
+                    f"history rewritten: not applied: {head[:12]} is not a descendant of the last applied "
+                    f"{previous[:12]}, and not every change since {since} is verified (first: {bad[0]}); "
+                    f"the tree of {previous[:12]} stays in force"
+                )
+                self._last = kept  # _applied stays `previous`
+                return kept
             tree.notes.append(
-                f"history rewritten: {head[:12]} replaces {previous[:12]}; every change since "
-                f"{base[:12] if base else 'the root'} is verified: applied"
+                f"history rewritten: {head[:12]} replaces {previous[:12]}; every change since {since} "
+                "is verified: applied"
             )
         self._remember(tree)
         return tree
@@ -156,6 +173,7 @@ class SignatureVerifier:
             tree.created = dict(base.created)
             tree.rejections = list(base.rejections)
             tree.verified = set(base.verified)
+            tree.signers = dict(base.signers)
             start = base.head
         elif start is not None:
             listing = git(self.repo.path, "ls-tree", "-r", "-z", "--full-tree", start)
@@ -208,6 +226,7 @@ class SignatureVerifier:
         signer = self._signer(commit, signers) if changes else None
         if signer is not None:
             tree.verified.add(commit)
+            tree.signers[commit] = signer
         added: list[str] = []
         for path, entry in changes:
             why = self._refuse(path, signer)

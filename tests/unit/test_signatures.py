@@ -231,3 +231,37 @@ def test_cli_refuses_to_start_without_the_signers_file(tmp_path: Path, capsys: p
     code = main(["reconcile", "--once", "--repo", str(tmp_path), "--require-signed-commits"])
     assert code == 1
     assert "--require-signed-commits needs --allowed-signers" in capsys.readouterr().err
+
+
+def test_a_keyless_rewind_does_not_undo_other_users_changes(repo: Repo) -> None:
+    repo.write("users/carol/models/a.yaml", "v2")
+    old = repo.commit("carol", "carol")
+    repo.write("users/carol/models/b.yaml", "b")
+    good = repo.commit("carol adds b", "carol")
+    assert repo.tree().applied == good
+    git(repo.path, "reset", "-q", "--hard", old)  # a rewind: no new commit at all
+    for verifier in (repo.verifier(), repo.verifier()):
+        tree = repo.tree(verifier)
+        assert tree.applied == good
+        assert tree.entries is not None and "users/carol/models/b.yaml" in tree.entries
+        assert any(n.startswith("history rewritten: not applied") for n in tree.notes)
+
+
+def test_a_rewrite_signed_by_another_user_cannot_drop_carols_commits(repo: Repo) -> None:
+    with repo.signers.open("a") as fh:
+        fh.write(f"mallory {repo.keys['mallory'][1]}\n")
+    repo.write("users/carol/models/b.yaml", "b")
+    good = repo.commit("carol adds b", "carol")
+    repo.tree()
+    git(repo.path, "reset", "-q", "--hard", "HEAD~1")
+    repo.write("users/mallory/models/m.yaml", "m")
+    repo.commit("mallory's own, signed, with an approval\n\nArgus-Approve-Prune: yes", "mallory")
+    tree = repo.tree()
+    assert tree.applied == good and tree.approve_prune is False
+    assert tree.entries is not None and "users/carol/models/b.yaml" in tree.entries
+    assert "users/mallory/models/m.yaml" not in tree.entries
+    # An admin can sign a rewrite that changes anyone's files.
+    git(repo.path, "reset", "-q", "--hard", "HEAD~1")
+    repo.write("cluster.yaml", "kind: Cluster\n# rewritten by the admin\n")
+    admin = repo.commit("admin rewrites", "root")
+    assert repo.tree().applied == admin
