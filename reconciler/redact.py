@@ -36,6 +36,12 @@ _VALUE = r"""(?:"[^"\n]*"|'[^'\n]*'|[^\s"',;&<>]+)"""
 _PASSES: tuple[tuple[str, str], ...] = (
     # A PEM private key block, also when the log cut it before its END line.
     ("-----begin", r"(?P<pem>-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----(?:.*?-----END [A-Z0-9 ]*PRIVATE KEY-----|.*\Z))"),
+    # The body of a key block whose BEGIN line was cut off (a log tail, a followed chunk): the
+    # base64 lines before a lone END line.
+    (
+        "-----end",
+        r"(?P<pemtail>(?:^[ \t]*[A-Za-z0-9+/=]{16,}[ \t]*\r?\n)*^[^\n]*?-----END [A-Z0-9 ]*PRIVATE KEY-----)",
+    ),
     # URL credentials: ``scheme://userinfo@``.
     ("://", r"(?P<url>(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/@?#\"'<>]+)@"),
     # ``Authorization: Bearer x`` / ``authorization=token x``: the whole credential goes.
@@ -67,7 +73,9 @@ _PASSES: tuple[tuple[str, str], ...] = (
         r"))",
     ),
 )
-_COMPILED = tuple((marker, re.compile(pattern, re.IGNORECASE | re.DOTALL)) for marker, pattern in _PASSES)
+_COMPILED = tuple(
+    (marker, re.compile(pattern, re.IGNORECASE | re.DOTALL | re.MULTILINE)) for marker, pattern in _PASSES
+)
 
 
 def _percent_encoded(value: str) -> str:
@@ -101,8 +109,8 @@ class Redactor:
         alternatives = [re.escape(s) for s in sorted(literals, key=lambda s: (-len(s), s))]
         self.secret_count = len(literals)
         literal_pass = [("", re.compile("(?P<literal>" + "|".join(alternatives) + ")"))] if alternatives else []
-        # The PEM pass goes first: a key block is hidden whole before other passes cut it up.
-        self._passes = _COMPILED[:1] + tuple(literal_pass) + _COMPILED[1:]
+        # The PEM passes go first: a key block is hidden whole before other passes cut it up.
+        self._passes = _COMPILED[:2] + tuple(literal_pass) + _COMPILED[2:]
 
     def __call__(self, text: str) -> str:
         """Return ``text`` with every secret replaced by ``***``."""

@@ -205,7 +205,8 @@ class Reporter:
             if job.status in FINAL_JOB_STATES and job.submission_id not in self.log_tails:
                 with contextlib.suppress(ArgusError):
                     tail = job_log_tail(self.dash, job.submission_id)
-                    self.log_tails[job.submission_id] = [self.redact(line) for line in tail]
+                    # The tail is redacted as one text: a key block spans lines.
+                    self.log_tails[job.submission_id] = self.redact("\n".join(tail)).split("\n") if tail else []
 
     def _log_actions(self, result: TickResult) -> None:
         for action in result.plan.actions:

@@ -10,6 +10,7 @@ Everything returned passes through the redactor (secret values, URL credentials)
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
@@ -48,6 +49,30 @@ def redactor(secret_values: list[str]) -> Redact:
 
     redact: Redact = Redactor(secret_values)
     return redact
+
+
+_KEY_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----", re.IGNORECASE)
+_KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY-----", re.IGNORECASE)
+# An open key block is held back at most this long; past it, the redactor still hides what
+# follows its BEGIN line in the chunk and the body lines before its END line in the next.
+MAX_HELD_CHARS = 64 * 1024
+
+
+def _sendable(pending: str) -> tuple[str, str]:
+    """Split followed output into (whole lines to redact and send now, text to hold back).
+
+    A private key block that has begun but not ended is held back from its BEGIN line, so that
+    it is redacted whole (the redactor hides a block by its BEGIN...END span, not line by line).
+    """
+    head, newline, rest = pending.rpartition("\n")
+    if not newline:
+        return "", pending
+    head += "\n"
+    begins = list(_KEY_BEGIN.finditer(head))
+    if begins and not _KEY_END.search(head, begins[-1].end()) and len(pending) <= MAX_HELD_CHARS:
+        cut = head.rfind("\n", 0, begins[-1].start()) + 1
+        return head[:cut], head[cut:] + rest
+    return head, rest
 
 
 class RayLogs:
@@ -148,9 +173,9 @@ class RayLogs:
                     yield self.redact(pending)
                 yield f"[argus: run {sid} {status}]\n"
                 return
-            head, newline, pending = pending.rpartition("\n")
-            if newline:
-                yield self.redact(head + "\n")
+            head, pending = _sendable(pending)
+            if head:
+                yield self.redact(head)
             if time.monotonic() > deadline:
                 yield self.redact(pending) + f"\n[argus: follow time limit reached; {sid} still {status}]\n"
                 return

@@ -146,7 +146,7 @@ def _run(
         run["checkpoint"] = checkpoints[sid]
     # Only finished runs keep a log tail: a live tail would make a commit every tick.
     if status in FINAL_JOB_STATES and log_tails.get(sid):
-        run["log_tail"] = [redact(line) for line in log_tails[sid]]
+        run["log_tail"] = redact("\n".join(log_tails[sid])).split("\n")  # whole: a key block spans lines
     return run
 
 
