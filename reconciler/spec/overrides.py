@@ -94,6 +94,17 @@ _KEYWORDS = frozenset({"auto", "vllm", "none", "null", ""})
 TRUST_KEYS = frozenset({"trust_remote_code"})
 # A file of Python code loaded into the replica: the same trust as trust_remote_code.
 CODE_FILE_KEYS = frozenset({"reasoning_parser_plugin", "tool_parser_plugin"})
+# vLLM engine arguments (at any depth) that name code to import or a file that is code or
+# config-as-code, from vLLM 0.32's EngineArgs and its sub-configs: a class or module by qualified
+# name (worker_cls, scheduler_cls, kv_connector_module_path, model_class_overrides, ...), a plugin,
+# a logging dictConfig file (its "()" key calls any function), and a compile cache folder (vLLM
+# and torch load pickled artifacts from it). hf_overrides and model_impl stay open: they only pick
+# among classes vLLM/transformers already ship; a model's own code still needs trust_remote_code.
+CODE_ENGINE_KEYS = frozenset(
+    {"logging_config", "log_config_file", "logits_processors", "logits_processor_pattern"}
+    | {"model_class_overrides", "cache_dir", "local_cache_dir", "inductor_compile_config"}
+)
+_CODE_ENGINE_SUFFIX = re.compile(r"(_cls|_class|_module|_module_path|_plugin|_plugins)$|^plugins?$")
 _ALLOW = "the admin must set `serving.allow_trust_remote_code: true` in cluster.yaml"
 _TRUST = f"runs code from the model's folder inside the process, with the cluster's credentials; {_ALLOW}"
 
@@ -414,6 +425,12 @@ def _engine_value(
     if last in TRUST_KEYS | CODE_FILE_KEYS and not allow_trust and _truthy(value):
         found.append((where, _TRUST))
         return value
+    if is_code_engine_key(last) and not allow_trust and _truthy(value) and value != "auto":
+        found.append((where, f"names code or a file that vLLM loads as code, with the cluster's credentials; {_ALLOW}"))
+        return value
+    if last.endswith("_module_path"):
+        # A dotted module name (kv_connector_module_path), not a file: trusted, it goes as written.
+        return value
     if isinstance(value, Mapping):
         return {k: _engine_value((*where, str(k)), v, user, paths, fs, allow_trust, found) for k, v in value.items()}
     if isinstance(value, list):
@@ -428,11 +445,47 @@ def _engine_value(
     return rewritten
 
 
-# Environment variables that load code into the replica process before vLLM runs.
+def is_code_engine_key(key: str) -> bool:
+    """True when the engine argument ``key`` (any depth, lower case) names code or code-as-config
+    for vLLM to load (see :data:`CODE_ENGINE_KEYS`)."""
+    return key in CODE_ENGINE_KEYS or bool(_CODE_ENGINE_SUFFIX.search(key))
+
+
+# Environment variables that make Python, the dynamic loader, torch, triton, transformers or vLLM
+# load or run code, or config-as-code, from a location: the same trust as trust_remote_code.
+#
+# This is a deny-list by category, not an allow-list of plain knobs: vLLM 0.32 alone reads ~316
+# variables, and torch, triton, NCCL, CUDA, transformers and glibc many more, and users already
+# set names argus cannot enumerate (HF_TOKEN, their own); so instead of listing what is safe, every
+# name that is or may be a location (a *_PATH/_DIR/_HOME/_ROOT/_FILE/_CACHE/_CONFIG..., a plugin,
+# a module, a library) or belongs to a loader/interpreter/compiler family needs the trust flag.
+# A plain knob that only looks like one (a size in _MB, ...) stays open, and so does a plain value
+# (a level, a count, a flag such as VLLM_CONFIGURE_LOGGING, a backend name from vLLM's registry).
 CODE_ENV = frozenset(
     {"LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE"}
-    | {"VLLM_PLUGINS"}
+    | {"VLLM_PLUGINS", "VLLM_LOGGING_CONFIG_PATH", "HF_MODULES_CACHE"}
+    | {"HOME", "PATH", "CC", "CXX", "CPATH", "ENV", "BASH_ENV", "GCONV_PATH", "TMPDIR", "TMP", "TEMP"}
+    | {"HF_HOME", "TRANSFORMERS_CACHE", "TORCH_HOME", "CUDA_HOME", "CUDA_CACHE_PATH", "XDG_CACHE_HOME"}
+    | {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR", "VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT"}
 )
+_CODE_ENV_PREFIX = ("LD_", "DYLD_", "PYTHON", "TORCHINDUCTOR_", "TRITON_", "XDG_", "OPENSSL_", "GIT_", "BASH_")
+_CODE_ENV_WORD = re.compile(
+    r"(^|_)(PLUGINS?|MODULES?|EXTENSIONS?|CACHE|HOME|ROOT|PATH|DIR|FOLDER|PREFIX|FILE|LIB|LIBS|SO|CONF|CONFIG)(_|$)"
+)
+# A last word that makes the variable a quantity, not a location (VLLM_XGRAMMAR_CACHE_MB).
+_QUANTITY = re.compile(r"_(MB|GB|KB|BYTES|SIZE|HOURS|SECONDS|MS|TTL|SPACE|LEN)$")
+_CODE_ENV_WHY = (
+    f"may make the replica load code or config-as-code from a location, with the cluster's credentials; {_ALLOW}"
+)
+
+
+def is_code_env(name: str) -> bool:
+    """True when the environment variable ``name`` needs ``serving.allow_trust_remote_code`` (see
+    :data:`CODE_ENV`)."""
+    upper = name.strip().upper()
+    if upper in CODE_ENV or upper.startswith(_CODE_ENV_PREFIX):
+        return True
+    return bool(_CODE_ENV_WORD.search(upper)) and not _QUANTITY.search(upper)
 
 
 def check_model_env(
@@ -451,9 +504,19 @@ def check_model_env(
     found: list[Finding] = []
     for name, value in env.items():
         out[name] = value
-        if name.upper() in CODE_ENV and not allow_trust_remote_code:
-            found.append(((name,), f"loads code into the replica process, with the cluster's credentials; {_ALLOW}"))
-        elif isinstance(value, str) and _PATH_PREFIX.match(value):
+        problems: list[str] = []
+        if isinstance(value, str) and _PATH_PREFIX.match(value):
             problems, out[name] = _path_value(name, "", value, user, paths, fs, hydra=False)
             found.extend(((name,), p.split(": ", 1)[1]) for p in problems)
+        # A path outside the roots is already refused; one inside the user's home is where the
+        # user writes the code, so a code variable needs the trust flag wherever it points.
+        if not problems and is_code_env(name) and not allow_trust_remote_code:
+            found.append(((name,), _LOADS_WHY if name.strip().upper() in _LOADS else _CODE_ENV_WHY))
     return out, found
+
+
+# Variables that load code by definition (the message says so plainly).
+_LOADS = frozenset(
+    {"LD_PRELOAD", "LD_AUDIT", "PYTHONPATH", "PYTHONSTARTUP", "VLLM_PLUGINS", "VLLM_LOGGING_CONFIG_PATH"}
+)
+_LOADS_WHY = f"loads code into the replica process, with the cluster's credentials; {_ALLOW}"

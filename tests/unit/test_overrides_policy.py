@@ -243,8 +243,11 @@ def test_engine_kwargs_paths_in_the_home_load_expanded() -> None:
 
 def test_model_env_paths_and_code_loading() -> None:
     head = "kind: Model\nsource: Qwen/Qwen2.5-0.5B-Instruct\nenv:\n"  # first variable on line 4
-    state = load_bob(model=head + "  HF_HOME: $HOME/hf\n  VLLM_LOGGING_LEVEL: INFO\n")
-    assert state.models[BOB_MODEL].env == {"HF_HOME": "/private/users/bob/hf", "VLLM_LOGGING_LEVEL": "INFO"}
+    state = load_bob(model=head + "  HF_HUB_OFFLINE: '1'\n  VLLM_LOGGING_LEVEL: INFO\n")
+    assert state.models[BOB_MODEL].env == {"HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "INFO"}
+    # HF_HOME in bob's home is where transformers caches a model's code: trusted only.
+    state = load_bob(model=head + "  HF_HOME: $HOME/hf\n")
+    assert [(line, m.split(":")[0]) for line, m in issues_of(state, BOB_MODEL)] == [(4, "env.HF_HOME")]
     state = load_bob(model=head + "  PYTHONPATH: $HOME/code\n  HF_HOME: /private/users/alice/hf\n")
     assert [(line, m.split(":")[0]) for line, m in issues_of(state, BOB_MODEL)] == [
         (4, "env.PYTHONPATH"),
@@ -252,6 +255,25 @@ def test_model_env_paths_and_code_loading() -> None:
     ]
     allowed = CLUSTER + "serving:\n  allow_trust_remote_code: true\n"
     assert BOB_MODEL in load_bob(model=head + "  PYTHONPATH: $HOME/code\n", cluster=allowed).models
+    trusted = load_bob(model=head + "  HF_HOME: $HOME/hf\n", cluster=allowed).models[BOB_MODEL]
+    assert trusted.env == {"HF_HOME": "/private/users/bob/hf"}
+
+
+CODE_CASES = ["model-env-logging-config", "engine-kwargs-logging-config", "model-env-code-caches"]
+CODE_CASES += ["model-env-plugins", "engine-kwargs-code-classes", "model-env-ld-preload"]
+
+
+@pytest.mark.parametrize("case", CODE_CASES)
+def test_code_loading_env_and_engine_kwargs_pass_when_the_cluster_trusts_code(case: str) -> None:
+    """The hostile cases that refuse code-loading variables and engine arguments load once the admin
+    sets `serving.allow_trust_remote_code`: the refusal is that flag's, not a blanket ban."""
+    text = (Path(__file__).resolve().parents[1] / "cases" / "hostile" / f"{case}.yaml").read_text()
+    text = text.replace("/private/users/eve/", "/private/users/bob/")
+    refused = load_bob(model=text)
+    assert BOB_MODEL not in refused.models and issues_of(refused, BOB_MODEL)
+    allowed = CLUSTER + "serving:\n  allow_trust_remote_code: true\n"
+    state = load_bob(model=text, cluster=allowed)
+    assert issues_of(state, BOB_MODEL) == [] and BOB_MODEL in state.models
 
 
 # -- with the cluster's file system ----------------------------------------------------------------
