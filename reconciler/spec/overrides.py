@@ -10,7 +10,9 @@ cache. Both would be empty promises if the free-form fields could say otherwise,
   ``$HOME/...`` or ``~...``) goes through :func:`reconciler.spec.paths.resolve_path`; ``$HOME`` is
   expanded in the value that reaches verl/vLLM (neither expands it);
 - ``trust_remote_code`` (and a parser plugin file) run code from a folder inside the serving or
-  training process: refused unless ``serving.allow_trust_remote_code`` is set in cluster.yaml.
+  training process: refused unless ``serving.allow_trust_remote_code`` is set in cluster.yaml; so
+  are engine arguments that name code (a class, module, plugin, logging config, compile cache) and
+  model ``env`` variables that make the replica load code or config-as-code from a location.
 
 Keys are compared case-insensitively and without hydra's ``+``/``++``/``~`` prefixes: a key that
 only differs by case cannot set the real key, but refusing it costs nothing and closes the question.
