@@ -321,8 +321,9 @@ class Reconciler:
         result.notes.extend(serve.settings_mismatch(desired.cluster))
         result.notes.extend(plan.notes)
         result.notes.extend(
-            f"foreign job {j.submission_id} ({'claims ' + j.claims if j.claims else 'argus-like id'}) has no valid "
-            "ownership proof: ignored, never counted as a run"
+            # repr: the id and claims are the job's metadata, anyone with the cluster's token writes them.
+            f"foreign job {j.submission_id!r} ({'claims ' + repr(j.claims) if j.claims else 'argus-like id'}) "
+            "has no valid ownership proof: ignored, never counted as a run"
             for j in self.foreign
         )
         self._apply(result)

@@ -229,12 +229,31 @@ TABLE_HEAD = (
 )
 
 
+def _one_line(text: object) -> str:
+    """``text`` on one line: a line break shows as ``⏎`` and cannot start a row, heading or link."""
+    return " ⏎ ".join(str(text).splitlines()) if str(text) else ""
+
+
+def _cell(text: object) -> str:
+    """``text`` as one markdown table cell: one line, ``|`` escaped so it cannot end the cell."""
+    return _one_line(text).replace("|", "\\|")
+
+
+def code_span(text: object, *, cell: bool = False) -> str:
+    """``text`` (which jobs or users may control) as one inline code span: one line, its backticks
+    shown as ``'`` so none can close the span (the web view reads these spans back);
+    ``cell``: ``|`` escaped too, for a table cell."""
+    flat = _cell(text) if cell else _one_line(text)
+    return "`" + flat.replace("`", "'") + "`"
+
+
 def readme_row(path: str, doc: Mapping[str, Any]) -> str:
     """The README table row of one status document."""
     user, kinds, name = path.split("/")[1], path.split("/")[2], path.split("/")[3].removesuffix(".yaml")
-    where = f"`{doc.get('served_name')}`" if kinds == "models" else f"`{doc.get('submission_id') or '-'}`"
-    cells = [user, kinds[:-1], name, doc.get("state"), doc.get("sync"), where, doc.get("last_transition")]
-    return "| " + " | ".join(str(c) for c in cells) + " |"
+    where = code_span(doc.get("served_name") if kinds == "models" else doc.get("submission_id") or "-", cell=True)
+    cells = [user, kinds[:-1], name, doc.get("state"), doc.get("sync"), doc.get("last_transition")]
+    text = [_cell(c) for c in cells]
+    return "| " + " | ".join([*text[:5], where, text[5]]) + " |"
 
 
 def readme(
@@ -253,13 +272,14 @@ def readme(
         "One file per object mirrors `users/<user>/{models,tasks}/<name>.yaml`; "
         "`revision.yaml` holds the desired revisions.",
         "",
-        f"Desired revision: `{revision or 'unknown'}` (last applied without failures: `{last_applied or 'none'}`)",
+        f"Desired revision: {code_span(revision or 'unknown')} "
+        f"(last applied without failures: {code_span(last_applied or 'none')})",
         "",
     ]
     if daemon_error:
-        lines += [f"**The daemon's last tick failed:** `{daemon_error}` (it retries with back-off)", ""]
+        lines += [f"**The daemon's last tick failed:** {code_span(daemon_error)} (it retries with back-off)", ""]
     lines += [*TABLE_HEAD]
     lines += [rows[path] for path in sorted(rows)]
     if errors:
-        lines += ["", "## Validation errors at this revision", ""] + [f"- `{e}`" for e in errors]
+        lines += ["", "## Validation errors at this revision", ""] + [f"- {code_span(e)}" for e in errors]
     return ("\n".join(lines) + "\n").encode()
