@@ -197,5 +197,10 @@ def normalise_app(app: Mapping[str, Any]) -> dict[str, Any]:
     for key, default in _APP_DROP_IF.items():
         if key in out and out[key] == default:
             del out[key]
-    out["deployments"] = sorted((dict(d) for d in out["deployments"]), key=lambda d: str(d.get("name", "")))
+    # A deployed app can hold anything its author PUT: odd entries compare as they are.
+    if isinstance(out["deployments"], list):
+        out["deployments"] = sorted(
+            (dict(d) if isinstance(d, Mapping) else d for d in out["deployments"]),
+            key=lambda d: str(d.get("name", "")) if isinstance(d, dict) else str(d),
+        )
     return out

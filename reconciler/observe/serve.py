@@ -8,6 +8,7 @@ and the running instance's ``http_options``/``proxy_location``.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,25 +96,29 @@ def parse_serve_details(details: Mapping[str, Any]) -> ServeObservation:
     building_since: dict[str, float] = {}
     imperative: set[str] = set()
     replica_ids: dict[str, tuple[str, ...]] = {}
-    for name, app in (details.get("applications") or {}).items():
+    # Ray writes this body, but every ``deployed_app_config`` holds what a PUT sent, and code on
+    # the cluster can PUT anything under any name: each value is type-checked, never trusted.
+    for name, app in _mapping(details.get("applications")).items():
+        if not isinstance(name, str) or not isinstance(app, Mapping):
+            continue
         statuses[name] = str(app.get("status", ""))
         messages[name] = str(app.get("message") or "")
-        deployments: Mapping[str, Any] = app.get("deployments") or {}
+        deployments = _mapping(app.get("deployments"))
         replica_ids[name] = tuple(
-            r.get("replica_id", "")
+            str(r.get("replica_id", ""))
             for d in deployments.values()
-            for r in d.get("replicas") or []
-            if r.get("state") == "RUNNING"
+            for r in _list(_mapping(d).get("replicas"))
+            if isinstance(r, Mapping) and r.get("state") == "RUNNING"
         )
         config = app.get("deployed_app_config")
-        if app.get("source") == "imperative" or config is None:
+        if app.get("source") == "imperative" or not isinstance(config, Mapping):
             imperative.add(name)
             continue
         if statuses[name] == "DEPLOYING" and not deployments:
             # The build task (import + builder call) has not produced deployments yet.
             building.add(name)
-            building_since[name] = float(app.get("last_deployed_time_s") or 0.0)
-        apps[name] = copy.deepcopy(config)
+            building_since[name] = _number(app.get("last_deployed_time_s"))
+        apps[name] = copy.deepcopy(dict(config))
         if name.startswith(OWNED_PREFIX):
             model = _actual_model(name, app, config)
             if model is not None:
@@ -127,16 +132,23 @@ def parse_serve_details(details: Mapping[str, Any]) -> ServeObservation:
         building_since=building_since,
         imperative=frozenset(imperative),
         replica_ids=replica_ids,
-        http_options=details.get("http_options"),
-        proxy_location=details.get("proxy_location"),
+        http_options=dict(http) if isinstance(http := details.get("http_options"), Mapping) else None,
+        proxy_location=proxy if isinstance(proxy := details.get("proxy_location"), str) else None,
     )
 
 
 def _actual_model(name: str, app: Mapping[str, Any], config: Mapping[str, Any]) -> ActualModel | None:
-    """The :class:`ActualModel` of one owned app; None when the name has no user/model part."""
-    args = config.get("args") or {}
-    meta = args.get("argus") or {}
-    llm = args.get("llm_config") or {}
+    """The :class:`ActualModel` of one owned app; None when the name has no user/model part.
+
+    Never raises: args of an unexpected type (an app someone else PUT under argus's name)
+    read as an owned app with an unknown spec (empty hash, no spec, resources counted 0),
+    so the planner replaces it with the desired config, or deletes it when no file declares
+    it. An ``argus--`` name that does not parse is in no model but is still argus's: the
+    PUT leaves it out (deletes it), as the namespace is argus's alone.
+    """
+    args = _mapping(config.get("args"))
+    meta = _mapping(args.get("argus"))
+    llm = _mapping(args.get("llm_config"))
     # The key comes from the application name (injective, and one Serve app per name), never
     # from the args: a hand-made app whose args claim another object must not stand in for it.
     # Missing metadata (hand-made or older app) leaves an empty spec hash: the planner redeploys it.
@@ -144,22 +156,23 @@ def _actual_model(name: str, app: Mapping[str, Any], config: Mapping[str, Any]) 
     if parsed is None:
         return None
     user, model_name = parsed
-    served = meta.get("served_name") or (llm.get("model_loading_config") or {}).get("model_id", "")
-    deployments: Mapping[str, Any] = app.get("deployments") or {}
+    served = meta.get("served_name") or _mapping(llm.get("model_loading_config")).get("model_id", "")
+    spec_hash = meta.get("spec_hash", "")
+    deployments = _mapping(app.get("deployments"))
     llm_dep = _llm_deployment(deployments)
     ready = 0
     message = str(app.get("message") or "")
     if llm_dep is not None:
-        dep = deployments[llm_dep]
-        ready = sum(1 for r in dep.get("replicas") or [] if r.get("state") == "RUNNING")
+        dep = _mapping(deployments[llm_dep])
+        ready = sum(1 for r in _list(dep.get("replicas")) if isinstance(r, Mapping) and r.get("state") == "RUNNING")
         dep_message = str(dep.get("message") or "")
         if dep_message and dep_message not in message:
             # e.g. "...replicas that have taken more than 30s to be scheduled..." (no resources)
             message = f"{message}\n{dep_message}".strip()
     return ActualModel(
         key=ObjectKey(user, "model", model_name),
-        served_name=str(served),
-        spec_hash=str(meta.get("spec_hash", "")),
+        served_name=served if isinstance(served, str) else "",
+        spec_hash=spec_hash if isinstance(spec_hash, str) else "",
         replicas=_target_replicas(config, llm),
         ready_replicas=ready,
         status=str(app.get("status", "")),
@@ -171,34 +184,61 @@ def _actual_model(name: str, app: Mapping[str, Any], config: Mapping[str, Any]) 
 
 def _llm_deployment(deployments: Mapping[str, Any]) -> str | None:
     for dep_name in deployments:
-        if dep_name.startswith(LLM_DEPLOYMENT_PREFIX):
+        if isinstance(dep_name, str) and dep_name.startswith(LLM_DEPLOYMENT_PREFIX):
             return dep_name
     return next(iter(deployments)) if len(deployments) == 1 else None
 
 
 def _target_replicas(config: Mapping[str, Any], llm: Mapping[str, Any]) -> int:
     """``num_replicas`` of the app-level override, else of the LLMConfig, else 1."""
-    for dep in config.get("deployments") or []:
-        if str(dep.get("name", "")).startswith(LLM_DEPLOYMENT_PREFIX) and isinstance(dep.get("num_replicas"), int):
-            return int(dep["num_replicas"])
-    value = (llm.get("deployment_config") or {}).get("num_replicas", 1)
-    return int(value) if isinstance(value, (int, float)) else 1
+    for dep in _list(config.get("deployments")):
+        if not isinstance(dep, Mapping):
+            continue
+        value = dep.get("num_replicas")
+        if str(dep.get("name", "")).startswith(LLM_DEPLOYMENT_PREFIX) and _is_number(value):
+            return int(_number(value))
+    value = _mapping(llm.get("deployment_config")).get("num_replicas", 1)
+    return int(_number(value)) if _is_number(value) else 1
 
 
 def resources_per_replica(llm_config: Mapping[str, Any]) -> dict[str, float]:
-    """Ray resources one replica reserves, from its LLMConfig arguments. Pure.
+    """Ray resources one replica reserves, from its LLMConfig arguments. Pure; never raises.
 
     Ray Serve LLM reserves the placement-group bundles plus the replica actor's own
-    resources (``ray_actor_options``, 1 CPU unless set; argus sets 0). Zero entries are dropped.
+    resources (``ray_actor_options``, 1 CPU unless set; argus sets 0). Zero entries are dropped;
+    a value that is not a number counts 0 (unknown), a non-string key is skipped.
     """
     out: dict[str, float] = {}
-    pg = llm_config.get("placement_group_config") or {}
-    for bundle in pg.get("bundles") or []:
-        for key, value in bundle.items():
-            out[key] = out.get(key, 0.0) + float(value)
-    actor = (llm_config.get("deployment_config") or {}).get("ray_actor_options") or {}
-    out["CPU"] = out.get("CPU", 0.0) + float(actor.get("num_cpus", 1))
-    out["GPU"] = out.get("GPU", 0.0) + float(actor.get("num_gpus", 0))
-    for key, value in (actor.get("resources") or {}).items():
-        out[key] = out.get(key, 0.0) + float(value)
+    pg = _mapping(llm_config.get("placement_group_config"))
+    for bundle in _list(pg.get("bundles")):
+        _add(out, _mapping(bundle))
+    actor = _mapping(_mapping(llm_config.get("deployment_config")).get("ray_actor_options"))
+    out["CPU"] = out.get("CPU", 0.0) + _number(actor.get("num_cpus", 1))
+    out["GPU"] = out.get("GPU", 0.0) + _number(actor.get("num_gpus", 0))
+    _add(out, _mapping(actor.get("resources")))
     return {k: v for k, v in out.items() if v}
+
+
+def _add(out: dict[str, float], resources: Mapping[Any, Any]) -> None:
+    for key, value in resources.items():
+        if isinstance(key, str):
+            out[key] = out.get(key, 0.0) + _number(value)
+
+
+def _mapping(value: object) -> Mapping[Any, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _number(value: object) -> float:
+    """``value`` as a float when it is a finite number, else 0.0 (unknown)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return 0.0

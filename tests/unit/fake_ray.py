@@ -65,6 +65,7 @@ class FakeRay(Dashboard):
             deployments = {
                 d["name"]: {"status": "HEALTHY", "replicas": [{"state": "RUNNING", "replica_id": f"{name}#1"}]}
                 for d in config.get("deployments") or []
+                if isinstance(d, dict) and isinstance(d.get("name"), str)  # Ray would refuse the rest
             }
             apps[name] = {
                 "name": name,
