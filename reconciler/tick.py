@@ -269,7 +269,7 @@ class Reconciler:
         recorded. ``paths``: the cluster's paths, to find checkpoints (None: not looked up).
         Raises RayUnavailable (apply nothing then)."""
         serve = observe_serve(self.dash)
-        jobs = observe_job_records(self.dash, self.ownership_key, paths)
+        jobs = observe_job_records(self.dash, self.ownership_key, paths, self._checkpoints)
         capacity = self._capacity()
         self.foreign = jobs.foreign
         for job in jobs.foreign:

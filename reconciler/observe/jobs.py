@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import urllib.parse
@@ -43,6 +44,8 @@ _WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json
 _GLOBAL_STEP = re.compile(r"global_step_(\d+)")
 # verl keeps optimizer shards next to the HF folder; nothing worth finding is deeper.
 _MAX_DEPTH = 6
+# A run folder is the job's to fill: past this many entries the scan stops (what it found stands).
+_MAX_ENTRIES = 20_000
 _ENTRYPOINT_FIELDS = (("entrypoint_num_cpus", "CPU"), ("entrypoint_num_gpus", "GPU"), ("entrypoint_memory", "memory"))
 
 
@@ -69,11 +72,18 @@ def observe_jobs(dash: Dashboard, ownership_key: bytes, paths: Paths | None = No
     return observe_job_records(dash, ownership_key, paths).owned
 
 
-def observe_job_records(dash: Dashboard, ownership_key: bytes, paths: Paths | None = None) -> JobsObservation:
+def observe_job_records(
+    dash: Dashboard,
+    ownership_key: bytes,
+    paths: Paths | None = None,
+    memo: dict[str, str | None] | None = None,
+) -> JobsObservation:
     """Return argus's jobs (proof valid under ``ownership_key``) and the foreign ones claiming to be.
 
     ``hf_checkpoint`` is filled for SUCCEEDED owned jobs from a scan of the run folder derived
     from ``paths`` (None: no scan), kept only when it passes the path policy for the job's user.
+    ``memo`` (kept by a long-running caller) caches that lookup by submission id: SUCCEEDED is
+    final, so the folder is scanned once, not on every tick.
     Raises RayUnavailable / DashboardError from the client.
     """
     data = dash.get("/api/jobs/")
@@ -83,7 +93,7 @@ def observe_job_records(dash: Dashboard, ownership_key: bytes, paths: Paths | No
     for info in jobs:
         if not isinstance(info, Mapping):
             continue
-        job = _to_actual(info, ownership_key, paths)
+        job = _to_actual(info, ownership_key, paths, memo)
         if job is not None:
             owned.append(job)
             continue
@@ -97,7 +107,9 @@ def observe_job_records(dash: Dashboard, ownership_key: bytes, paths: Paths | No
     return JobsObservation(sorted(owned, key=lambda j: j.submission_id), sorted(foreign, key=lambda j: j.submission_id))
 
 
-def _to_actual(info: Mapping[str, Any], ownership_key: bytes, paths: Paths | None) -> ActualJob | None:
+def _to_actual(
+    info: Mapping[str, Any], ownership_key: bytes, paths: Paths | None, memo: dict[str, str | None] | None
+) -> ActualJob | None:
     """One ``JobDetails`` entry as an :class:`ActualJob`, or None when argus cannot prove it owns it."""
     meta = info.get("metadata") or {}
     sid = info.get("submission_id")
@@ -107,7 +119,14 @@ def _to_actual(info: Mapping[str, Any], ownership_key: bytes, paths: Paths | Non
         return None
     user, task = str(meta[LABEL_USER]), str(meta[LABEL_TASK])
     status = str(info.get("status", "PENDING"))
-    checkpoint = checkpoint_of(paths, user, task, sid) if status == "SUCCEEDED" and paths is not None else None
+    checkpoint = None
+    if status == "SUCCEEDED" and paths is not None:
+        if memo is not None and sid in memo:
+            checkpoint = memo[sid]
+        else:
+            checkpoint = checkpoint_of(paths, user, task, sid)
+            if memo is not None:
+                memo[sid] = checkpoint
     return ActualJob(
         submission_id=sid,
         key=ObjectKey(user, "task", task),
@@ -127,8 +146,15 @@ def checkpoint_of(paths: Paths, user: str, task: str, sid: str) -> str | None:
     """The newest HF checkpoint in the run folder of ``sid``, when it passes ``user``'s path policy.
 
     A checkpoint whose real path leaves the user's home (a symlink the job made) is not served.
+    A run folder that is itself a symlink, or whose real path is outside the user's real home,
+    is not scanned at all (None): a job could point it at ``/`` or at other users' homes.
     """
-    found = find_hf_checkpoint(run_folder(paths.users, user, task, sid))
+    folder = run_folder(paths.users, user, task, sid)
+    home = os.path.realpath(os.path.join(paths.users, user))
+    real = os.path.realpath(folder)
+    if os.path.islink(folder) or os.path.commonpath([real, home]) != home:
+        return None
+    found = find_hf_checkpoint(folder)
     if found is None:
         return None
     try:
@@ -157,18 +183,28 @@ def job_resources(info: Mapping[str, Any]) -> dict[str, float]:
     workers claim them) although the task uses them. Entrypoint fields, where a Ray
     version reports them, are the fallback.
     """
+    meta = info.get("metadata")
     try:
-        labelled = json.loads((info.get("metadata") or {}).get(LABEL_RESOURCES) or "{}")
-        if isinstance(labelled, dict) and labelled:
-            return {str(k): float(v) for k, v in labelled.items() if float(v)}
+        labelled = json.loads((meta if isinstance(meta, Mapping) else {}).get(LABEL_RESOURCES) or "{}")
     except (TypeError, ValueError):
-        pass
-    out: dict[str, float] = {k: float(v) for k, v in (info.get("entrypoint_resources") or {}).items()}
+        labelled = None
+    if isinstance(labelled, dict) and labelled:
+        return {str(k): _number(v) for k, v in labelled.items() if _number(v)}
+    # Values of an unexpected type count 0 (unknown): one odd job must not fail the observation.
+    raw = info.get("entrypoint_resources")
+    out: dict[str, float] = {str(k): _number(v) for k, v in (raw if isinstance(raw, Mapping) else {}).items()}
     for field, name in _ENTRYPOINT_FIELDS:
-        value = float(info.get(field) or 0)
+        value = _number(info.get(field))
         if value:
             out[name] = out.get(name, 0.0) + value
     return out
+
+
+def _number(value: object) -> float:
+    """``value`` as a float when it is a finite number, else 0.0 (unknown)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return 0.0
 
 
 def job_log_tail(dash: Dashboard, submission_id: str, lines: int = 50) -> list[str]:
@@ -201,16 +237,21 @@ def find_hf_checkpoint(run_dir: str) -> str | None:
 
 
 def _walk(root: str) -> Iterator[tuple[str, set[str]]]:
-    """Yield ``(folder, file names)`` under ``root`` down to ``_MAX_DEPTH`` levels."""
+    """Yield ``(folder, file names)`` under ``root`` down to ``_MAX_DEPTH`` levels and about
+    ``_MAX_ENTRIES`` entries in all. Links below ``root`` are not followed (``os.walk``'s default)."""
     if not os.path.isdir(root):
         return
     base_depth = root.rstrip(os.sep).count(os.sep)
+    seen = 0
     for folder, dirs, files in os.walk(root, onerror=lambda _e: None):
-        if folder.count(os.sep) - base_depth >= _MAX_DEPTH:
+        seen += len(dirs) + len(files)
+        if folder.count(os.sep) - base_depth >= _MAX_DEPTH or seen >= _MAX_ENTRIES:
             dirs[:] = []
         # Hidden folders (.cache, .staging) are scratch space, never a finished model.
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         yield folder, set(files)
+        if seen >= _MAX_ENTRIES:
+            return
 
 
 def _has_weights(files: set[str]) -> bool:
