@@ -9,6 +9,7 @@ Used amounts are matched back to raw names by camel-casing the raw names the sam
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,20 +40,33 @@ def observe_capacity(dash: Dashboard) -> Capacity:
 
 
 def parse_capacity(nodes: list[Mapping[str, Any]], usage: Mapping[str, Any]) -> Capacity:
-    """Combine node totals and camel-cased ``[used, total]`` usage into a Capacity. Pure."""
+    """Combine node totals and camel-cased ``[used, total]`` usage into a Capacity. Pure.
+
+    Never raises on odd types (a custom resource is anyone's to name and size): an entry of
+    an unexpected shape is skipped and a value that is not a number counts 0 (unknown).
+    """
     total: dict[str, float] = {}
-    for node in nodes:
-        if node.get("state") != "ALIVE":
+    for node in nodes if isinstance(nodes, list) else []:
+        if not isinstance(node, Mapping) or node.get("state") != "ALIVE":
             continue
-        for name, value in (node.get("resources_total") or {}).items():
-            if _counted(name):
-                total[name] = total.get(name, 0.0) + float(value)
+        resources = node.get("resources_total")
+        for name, value in (resources if isinstance(resources, Mapping) else {}).items():
+            if isinstance(name, str) and _counted(name):
+                total[name] = total.get(name, 0.0) + _number(value)
+    usage = usage if isinstance(usage, Mapping) else {}
     available: dict[str, float] = {}
     for name, value in total.items():
-        used_total = usage.get(_camel(name)) or usage.get(name) or [0.0, value]
-        used = float(used_total[0])
+        used_total = usage.get(_camel(name)) or usage.get(name)
+        used = _number(used_total[0]) if isinstance(used_total, list) and used_total else 0.0
         available[name] = max(0.0, round(value - used, 6))
     return Capacity(total=total, available=available)
+
+
+def _number(value: object) -> float:
+    """``value`` as a float when it is a finite number, else 0.0 (unknown)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return 0.0
 
 
 def _counted(name: str) -> bool:
