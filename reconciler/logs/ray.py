@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
@@ -81,7 +82,9 @@ class RayLogs:
     ``ownership_key``: the daemon's key; a run is served only when its ``argus-proof`` label
     verifies under it (labels alone prove nothing: code on the cluster can submit jobs that claim
     to be anyone's). ``poll_s``: how often a followed run is re-read; ``max_follow_s``: a follower
-    is cut off after this long (the client reconnects if it still cares).
+    is cut off after this long (the client reconnects if it still cares). ``max_followers``: how
+    many runs may be followed at once; each holds a page thread of the web server, so this stays
+    below its page threads (8) and followers can never starve the pages.
     """
 
     def __init__(
@@ -91,7 +94,8 @@ class RayLogs:
         *,
         ownership_key: bytes | None = None,
         poll_s: float = 1.0,
-        max_follow_s: float = 6 * 3600.0,
+        max_follow_s: float = 15 * 60.0,
+        max_followers: int = 4,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.dash = dash
@@ -99,6 +103,8 @@ class RayLogs:
         self.ownership_key = ownership_key
         self.poll_s = poll_s
         self.max_follow_s = max_follow_s
+        self.max_followers = max_followers
+        self._followers = threading.BoundedSemaphore(max_followers)
         self.sleep = sleep
 
     # -- tasks ------------------------------------------------------------------------------
@@ -146,9 +152,24 @@ class RayLogs:
 
     def follow_task_log(self, user: str, name: str, doc: Mapping[str, Any], run: str | None) -> Iterator[str]:
         """Check the run now (raises LogNotFound), then return an iterator of redacted output
-        that follows the run until Ray reports it final."""
+        that follows the run until Ray reports it final. It yields ``""`` at every poll, a
+        heartbeat on which the server checks that the client is still there.
+
+        Raises ArgusError when ``max_followers`` runs are followed already (the server answers 503).
+        """
         sid = self.resolve_run(user, name, doc, run)
-        return self._follow(sid)
+        if not self._followers.acquire(blocking=False):
+            raise ArgusError(f"too many live logs are followed now (at most {self.max_followers}); retry shortly")
+        stream = self._held(sid)
+        next(stream)  # started: from here on, closing or dropping the stream frees the slot
+        return stream
+
+    def _held(self, sid: str) -> Iterator[str]:
+        try:
+            yield ""
+            yield from self._follow(sid)
+        finally:
+            self._followers.release()
 
     def _follow(self, sid: str) -> Iterator[str]:
         # Only whole lines are redacted and sent while the run goes on, so that a secret split
@@ -179,6 +200,7 @@ class RayLogs:
             if time.monotonic() > deadline:
                 yield self.redact(pending) + f"\n[argus: follow time limit reached; {sid} still {status}]\n"
                 return
+            yield ""  # a heartbeat: the server notices a client that left even while the run is quiet
             self.sleep(self.poll_s)
 
     def deployed_task_spec(self, user: str, name: str, doc: Mapping[str, Any], run: str | None) -> Any:
