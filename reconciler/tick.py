@@ -11,6 +11,7 @@ branch (``record_runs``); a run recorded there is never submitted again, even wh
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -170,6 +171,7 @@ class Reconciler:
         # documents and carried from tick to tick.
         self.first_seen: dict[ObjectKey, int] = {}
         self._first_seen_seeded = False
+        self._seen_blob: dict[ObjectKey, str] = {}  # the file blob each first_seen was recorded at
 
     # -- load ---------------------------------------------------------------------------
     def load(self, commit: str | None = None, *, fetch: bool = True) -> tuple[DesiredState, str, int]:
@@ -300,10 +302,24 @@ class Reconciler:
             desired, revision, commit_time = self.load()
         actual, serve = self.observe(desired.cluster.paths)
         if not self._first_seen_seeded:  # a restart keeps the admission order the branch recorded
-            self.first_seen = {**first_seen_of(self.status_docs()), **self.first_seen}
+            docs = self.status_docs()
+            self.first_seen = {**first_seen_of(docs), **self.first_seen}
+            for doc in docs.values():
+                with contextlib.suppress(ValueError, TypeError):
+                    if isinstance(doc.get("spec_id"), str):
+                        self._seen_blob[ObjectKey.parse(str(doc.get("object")))] = doc["spec_id"]
             self._first_seen_seeded = True
+        # A request waits in line from when the daemon first saw it *as it is now*: an edited file
+        # (un-suspending a placeholder, asking for more GPUs) starts over, so no user can hold a
+        # place in the queue with a file that asked for nothing.
+        for key in [k for k in self.first_seen if k.path in self._spec_ids]:
+            if self._seen_blob.get(key, self._spec_ids[key.path]) != self._spec_ids[key.path]:
+                del self.first_seen[key]
         now = int(time.time())
         plan = self._plan_contained(desired, lambda d: make_plan(d, actual, first_seen=self.first_seen, now=now))
+        for key in plan.first_seen:
+            if key not in self.first_seen and key.path in self._spec_ids:
+                self._seen_blob[key] = self._spec_ids[key.path]
         self.first_seen = actual.first_seen = plan.first_seen  # published in actual.json for PR plans
         result = TickResult(
             revision=revision or "",

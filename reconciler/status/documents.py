@@ -85,8 +85,10 @@ def object_document(
         doc["spec"] = _redacted(spec, redact)
     elif "spec" in prev and st.state == "INVALID":
         doc["spec"] = prev["spec"]  # an invalid file keeps what runs: show what was derived for it
-    first_seen = prev.get("first_seen") or (_iso(st.first_seen) if st.first_seen is not None else None)
-    if first_seen:  # recorded once, never changed: the first-come-first-served order survives restarts
+    # The admission order survives restarts; it moves only when the object's file changed
+    # (the tick starts an edited request over), never on pushes that leave it alone.
+    first_seen = _iso(st.first_seen) if st.first_seen is not None else prev.get("first_seen")
+    if first_seen:
         doc["first_seen"] = first_seen
     if st.key.kind == "task":
         # The runs are the durable record of what ran (reconciler/observe/runs.py): a run Ray
