@@ -97,5 +97,10 @@ def test_first_seen_is_written_once_and_read_back() -> None:
 
     first = doc(1767225600, None)
     assert first["first_seen"] == "2026-01-01T00:00:00Z"
-    assert doc(1800000000, first)["first_seen"] == "2026-01-01T00:00:00Z"  # recorded once, never moved
+    # The document follows the order time the tick gives it (kept until the object's file changes) ...
+    assert doc(1800000000, first)["first_seen"] == "2027-01-15T08:00:00Z"
+    # ... and keeps the recorded one when the tick gives none.
+    st = ObjectStatus(CHAT, "RUNNING", "Synced")
+    kept = object_document(st, first, revision="r", applied=True, now="t", endpoint="e", log_tails={}, checkpoints={})
+    assert kept["first_seen"] == "2026-01-01T00:00:00Z"
     assert first_seen_of({CHAT.path: first, "users/x/models/y.yaml": {"object": "x/models/y"}}) == {CHAT: 1767225600}
