@@ -334,6 +334,9 @@ def test_exactly_one_job_per_spec_hash(env: Env) -> None:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=REPO_ROOT,
+            # The same state folder (ownership key) as every other reconcile of this module: a
+            # process with another key rightly sees these jobs as foreign.
+            env={**os.environ, "ARGUS_CACHE_DIR": str(env.root / "cache")},
         )
         for _ in range(3)
     ]
