@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from dataclasses import replace
 
@@ -203,7 +204,8 @@ def test_hydra_quoting_of_odd_paths() -> None:
     assert shlex.split(body["entrypoint"])[1:] == argv[1:]
 
 
-needs_verl = pytest.mark.skipif(not verl_available(), reason="verl/hydra not installed")
+# In CI verl is installed (make test): there a missing verl fails instead of skipping.
+needs_verl = pytest.mark.skipif(not verl_available() and not os.environ.get("CI"), reason="verl/hydra not installed")
 
 
 @needs_verl

@@ -152,6 +152,8 @@ def test_default_source_pins_a_commit_that_exists_and_installs(tmp_path: Path) -
     """The default names no tag: it pins the commit this argus runs from, and pip installs from that form."""
     root = Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
+        if os.environ.get("CI"):
+            pytest.fail("not a git checkout: argus init needs --argus-source here", pytrace=False)
         pytest.skip("not a git checkout: argus init needs --argus-source here")
     source = default_source()
     assert source.placeholder and re.fullmatch(r"[0-9a-f]{40}", source.rev)

@@ -36,6 +36,8 @@ def _needs_libyaml() -> None:
     if not yamldoc.HAS_LIBYAML:
         if os.environ.get("CI"):
             pytest.fail("PyYAML was built without libyaml")
+        if os.environ.get("CI"):
+            pytest.fail("PyYAML was built without libyaml", pytrace=False)
         pytest.skip("PyYAML was built without libyaml")
 
 
