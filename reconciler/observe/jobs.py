@@ -14,7 +14,6 @@ import json
 import math
 import os
 import re
-import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +31,7 @@ from reconciler.builders.jobs import (
     run_folder,
 )
 from reconciler.dashboard import Dashboard
+from reconciler.logs.tail import job_tail
 from reconciler.plan.actual import ActualJob
 from reconciler.source.localfs import LocalFS
 from reconciler.spec.hashing import SUBMISSION_PREFIX
@@ -46,6 +46,8 @@ _GLOBAL_STEP = re.compile(r"global_step_(\d+)")
 _MAX_DEPTH = 6
 # A run folder is the job's to fill: past this many entries the scan stops (what it found stands).
 _MAX_ENTRIES = 20_000
+# A status document's log tail: enough for the error, never the whole log.
+TAIL_BYTES = 64 * 1024
 _ENTRYPOINT_FIELDS = (("entrypoint_num_cpus", "CPU"), ("entrypoint_num_gpus", "GPU"), ("entrypoint_memory", "memory"))
 
 
@@ -208,13 +210,15 @@ def _number(value: object) -> float:
 
 
 def job_log_tail(dash: Dashboard, submission_id: str, lines: int = 50) -> list[str]:
-    """Return the last ``lines`` lines of a job's driver log ([] when there are none).
+    """Return the last ``lines`` lines of a job's driver log ([] when there are none), at most
+    :data:`TAIL_BYTES` of them, read through Ray's bounded state API (never the whole log).
 
     Raises DashboardError (404 for an unknown job) / RayUnavailable from the client.
     """
-    data = dash.get(f"/api/jobs/{urllib.parse.quote(submission_id, safe='')}/logs")
-    text = data.get("logs", "") if isinstance(data, dict) else str(data or "")
-    return text.splitlines()[-lines:] if lines > 0 else []
+    if lines <= 0:
+        return []
+    tail = job_tail(dash, submission_id, lines=lines, limit_bytes=TAIL_BYTES)
+    return tail.text.splitlines()[-lines:]
 
 
 def find_hf_checkpoint(run_dir: str) -> str | None:
