@@ -32,6 +32,7 @@ from reconciler.logs.tail import (
     MAX_LIMIT_BYTES,
     MAX_TAIL_LINES,
     clamp,
+    driver_node,
     job_tail,
     read_last,
     stream_path,
@@ -161,6 +162,10 @@ class RayLogs:
             raise LogNotFound(f"Ray does not hold {sid!r} as a run of {user}/tasks/{name}")
         return sid
 
+    def _driver_node(self, sid: str) -> str:
+        """The driver's node of ``sid``. Raises DashboardError (no driver yet), RayUnavailable."""
+        return driver_node(self.dash, sid)
+
     def _job(self, sid: str) -> Mapping[str, Any]:
         try:
             info = self.dash.get(f"/api/jobs/{urllib.parse.quote(sid, safe='')}")
@@ -230,8 +235,12 @@ class RayLogs:
     def _follow(self, sid: str) -> Iterator[str]:
         # Only whole lines are redacted and sent while the run goes on, so that a secret split
         # across two reads is still recognised; the rest is sent when the run ends.
-        path = stream_path(sid, lines=FOLLOW_FROM_LINES, follow=True, interval=self.poll_s)
-        reader = _StreamReader(lambda: self.dash.stream(path, timeout=self.max_follow_s + 60))
+        def opened() -> RayStream:
+            node = self._driver_node(sid)  # none until the driver starts: "missing", opened again later
+            path = stream_path(sid, node, lines=FOLLOW_FROM_LINES, follow=True, interval=self.poll_s)
+            return self.dash.stream(path, timeout=self.max_follow_s + 60)
+
+        reader = _StreamReader(opened)
         pending = ""
         sent = 0
         deadline = time.monotonic() + self.max_follow_s

@@ -14,9 +14,9 @@ import http.client
 import time
 import urllib.parse
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-from reconciler.dashboard import RayStream
+from reconciler.dashboard import DashboardError, RayStream
 from reconciler.errors import RayUnavailable
 
 DEFAULT_TAIL_LINES = 1000
@@ -32,6 +32,8 @@ class Streams(Protocol):
     """What a bounded read needs of the dashboard client (:class:`reconciler.dashboard.Dashboard`)."""
 
     def stream(self, path: str, *, timeout: float | None = None) -> RayStream: ...
+
+    def get(self, path: str, **kw: Any) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -57,13 +59,34 @@ def clamp(value: int | None, default: int, top: int) -> int:
     return default if value is None else max(1, min(top, value))
 
 
-def stream_path(submission_id: str, *, lines: int, follow: bool = False, interval: float = 1.0) -> str:
+def stream_path(submission_id: str, node_id: str, *, lines: int, follow: bool = False, interval: float = 1.0) -> str:
     """The state API path that reads (or, ``follow``, follows) the driver log of ``submission_id``
-    from its last ``lines`` lines on."""
-    query = {"submission_id": submission_id, "lines": lines, "timeout": 10}
+    on its driver's node ``node_id`` from its last ``lines`` lines on.
+
+    Ray 2.60 refuses ``submission_id`` without a node (HTTP 500), so the node and the driver log's
+    file name (``job-driver-<id>.log``, as Ray's job manager names it) are given instead.
+    """
+    query: dict[str, str | int | float] = {
+        "node_id": node_id,
+        "filename": f"job-driver-{submission_id}.log",
+        "lines": lines,
+        "timeout": 10,
+    }
     if follow:
         query["interval"] = max(0.1, interval)
     return f"/api/v0/logs/{'stream' if follow else 'file'}?{urllib.parse.urlencode(query)}"
+
+
+def driver_node(dash: Streams, submission_id: str) -> str:
+    """The node that runs (or ran) the driver of ``submission_id``, from ``GET /api/jobs/<id>``.
+
+    Raises DashboardError (404: no such job, or no driver yet) / RayUnavailable."""
+    path = f"/api/jobs/{urllib.parse.quote(submission_id, safe='')}"
+    info = dash.get(path)
+    node = info.get("driver_node_id") if isinstance(info, dict) else None
+    if not isinstance(node, str) or not node:
+        raise DashboardError("GET", path, 404, f"{submission_id} has no driver node (yet)")
+    return node
 
 
 def read_last(
@@ -101,12 +124,14 @@ def job_tail(
     lines: int = DEFAULT_TAIL_LINES,
     limit_bytes: int = DEFAULT_LIMIT_BYTES,
     timeout: float = 30.0,
+    node_id: str | None = None,
 ) -> Tail:
-    """The last ``lines`` lines of a job's driver log, at most ``limit_bytes`` of them.
+    """The last ``lines`` lines of a job's driver log, at most ``limit_bytes`` of them. ``node_id``:
+    its driver's node (default: asked of Ray).
 
     Raises DashboardError (no such job, or Ray no longer holds its log file) / RayUnavailable.
     """
-    path = stream_path(submission_id, lines=max(1, lines))
+    path = stream_path(submission_id, node_id or driver_node(dash, submission_id), lines=max(1, lines))
     deadline = time.monotonic() + timeout
     with dash.stream(path, timeout=min(timeout, 30.0)) as stream:
         try:

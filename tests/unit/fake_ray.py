@@ -63,9 +63,10 @@ class FakeRay(Dashboard):
         """The state API's log endpoints: the last ``lines`` lines of a job's driver log."""
         route, _, raw = path.partition("?")
         query = dict(urllib.parse.parse_qsl(raw))
-        sid = query.get("submission_id", "")
-        if route not in ("/api/v0/logs/file", "/api/v0/logs/stream") or sid not in self.jobs:
-            raise DashboardError("GET", path, 500, f"Submission job ID {sid} not found")
+        sid = query.get("filename", "").removeprefix("job-driver-").removesuffix(".log")
+        known = route in ("/api/v0/logs/file", "/api/v0/logs/stream") and sid in self.jobs
+        if not known or query.get("node_id") != self.jobs[sid].get("driver_node_id"):
+            raise DashboardError("GET", path, 500, f"no log file for {query}")
         lines = self.logs.get(sid, "").splitlines(keepends=True)[-int(query.get("lines", 1000)) :]
         return io.BytesIO("".join(lines).encode())  # type: ignore[return-value]
 
@@ -104,5 +105,12 @@ class FakeRay(Dashboard):
         if sid in self.jobs:
             raise DashboardError("POST", "/api/jobs/", 500, f"Job with submission_id {sid} already exists.")
         self.submits += 1
-        self.jobs[sid] = {**body, "status": "PENDING", "message": "", "start_time": None, "end_time": None}
+        self.jobs[sid] = {
+            **body,
+            "status": "PENDING",
+            "message": "",
+            "start_time": None,
+            "end_time": None,
+            "driver_node_id": "fake-node",
+        }
         return {"submission_id": sid}

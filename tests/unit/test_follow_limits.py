@@ -56,6 +56,7 @@ def _server(per_client: int, per_user: int = 10) -> tuple[HttpServer, RayLogs]:
     ray.jobs[SID] = {
         "submission_id": SID,
         "status": "PENDING",  # never ends, never prints: the stream stays quiet
+        "driver_node_id": "n1",
         "metadata": {"managed-by": "argus", "argus-user": "bob", "argus-task": "t"},
     }
     logs = RayLogs(ray, lambda s: s, poll_s=0.05, per_client=per_client, per_user=per_user)

@@ -46,7 +46,7 @@ class StateAPI:
 
     def get(self, path: str, **_: Any) -> Any:
         assert not path.endswith("/logs"), "the whole-log endpoint is never used"
-        return {"status": "SUCCEEDED", "metadata": META}
+        return {"status": "SUCCEEDED", "metadata": META, "driver_node_id": "n1"}
 
     def stream(self, path: str, **_: Any) -> Any:
         self.paths.append(path)
@@ -72,7 +72,7 @@ def test_the_status_tail_is_read_with_a_line_count_and_a_byte_bound() -> None:
     api = StateAPI(b"".join(b"line %d\n" % i for i in range(100_000)))
     lines = job_log_tail(api, SID)  # type: ignore[arg-type]
     assert lines[-1] == "line 99999" and len(lines) == 50
-    assert api.paths == [f"/api/v0/logs/file?submission_id={SID}&lines=50&timeout=10"]
+    assert api.paths == [f"/api/v0/logs/file?node_id=n1&filename=job-driver-{SID}.log&lines=50&timeout=10"]
     big = StateAPI(b"y" * (TAIL_BYTES * 3) + b"\nend\n")
     assert job_log_tail(big, SID) == ["end"]  # type: ignore[arg-type]
 

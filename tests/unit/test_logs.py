@@ -48,12 +48,12 @@ class JobsAPI:
         if path == f"/api/jobs/{SID}":
             status = self.steps[self.i][0]
             self.i = min(self.i + 1, len(self.steps) - 1)
-            return {"status": status, "metadata": self.meta}
+            return {"status": status, "metadata": self.meta, "driver_node_id": "n1"}
         raise DashboardError("GET", path, 404, "not found")
 
     def stream(self, path: str, **_: Any) -> Any:
         self.paths.append(path)
-        if f"submission_id={SID}" not in path:
+        if f"filename=job-driver-{SID}.log" not in path or "node_id=n1" not in path:
             raise DashboardError("GET", path, 500, "not found")
         if path.startswith("/api/v0/logs/file"):
             return io.BytesIO(self.steps[self.i][1].encode())
