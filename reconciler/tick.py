@@ -343,6 +343,7 @@ class Reconciler:
             for j in self.foreign
         )
         self._apply(result)
+        self._prune(desired, actual)
         result.statuses = self._assess_contained(result)
         for key, why in result.failures.items():
             status = result.statuses.get(key)
@@ -353,6 +354,34 @@ class Reconciler:
                 status.state = "FAILED" if status.state not in ("RUNNING", "DEPLOYING") else status.state
             status.reason = f"{status.reason}; apply failed: {why}" if status.reason else f"apply failed: {why}"
         return result
+
+    def _prune(self, desired: DesiredState, actual: ActualState) -> None:
+        """Drop what the memos hold for objects and runs that are gone, so that a daemon running for
+        months with objects coming and going holds memory for what exists now, not for all it saw.
+
+        Refusals, retries and back-off are kept for tasks still in the repository (one entry per task:
+        a new spec replaces its predecessor's in :meth:`_submit`); checkpoint answers for runs Ray or
+        the status branch still lists; foreign ids for jobs Ray still holds; first-seen blobs for
+        objects still queued by their first-seen time.
+        """
+        tasks = desired.tasks.keys() | desired.invalid.keys()
+        for memo in (self._refused, self._retrying):
+            for attempt in [a for a in memo if a[0] not in tasks]:
+                del memo[attempt]
+        self.backoff.prune(lambda attempt: isinstance(attempt, tuple) and attempt[0] in tasks)
+        runs = {j.submission_id for j in actual.jobs} | {j.submission_id for j in actual.recorded_runs}
+        for sid in [s for s in self._checkpoints if s not in runs]:
+            del self._checkpoints[sid]
+        self._foreign_seen &= actual.foreign_ids
+        for key in [k for k in self._seen_blob if k not in self.first_seen]:
+            del self._seen_blob[key]
+
+    def _forget_other_specs(self, attempt: tuple[ObjectKey, str | None]) -> None:
+        """Forget the refusals, retries and back-off of ``attempt``'s task under other specs."""
+        for memo in (self._refused, self._retrying):
+            for old in [a for a in memo if a[0] == attempt[0] and a != attempt]:
+                del memo[old]
+        self.backoff.prune(lambda other: not (isinstance(other, tuple) and other[0] == attempt[0] and other != attempt))
 
     def _plan_contained(self, desired: DesiredState, planner: Callable[[DesiredState], Plan]) -> Plan:
         """``planner(desired)``; when it raises for some objects, they become invalid (kept as
@@ -460,6 +489,7 @@ class Reconciler:
         """Build and submit one run under ``sid``. Raises PermanentError (cannot be built) or
         ApplyFailed; a temporary failure is retried with back-off, and the status says why."""
         attempt = (task.key, task_spec_hash(task))
+        self._forget_other_specs(attempt)
         try:
             body = job_submission(
                 task,
