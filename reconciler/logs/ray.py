@@ -255,7 +255,10 @@ class RayLogs:
                     sent += len(data)
                 elif kind == "missing" and final_since is None:
                     reader.retry_later(self.poll_s)  # no log file yet: the run has not started
-                elif kind in ("error", "missing"):
+                elif kind == "missing":  # final without a log file: it never started (Ray's message says why)
+                    yield f"[argus: run {sid} {status}]\n"
+                    return
+                elif kind == "error":
                     yield self.redact(pending) + f"\n[argus: stopped following {sid}: {data}]\n"
                     return
                 now = time.monotonic()

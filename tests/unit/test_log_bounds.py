@@ -95,3 +95,26 @@ def test_following_never_holds_an_endless_line_whole() -> None:
     head, rest = _sendable("done\n" + "z" * (MAX_HELD_CHARS + 1))
     assert rest == "" and head.startswith("done\n")
     assert _sendable("a\nb") == ("a\n", "b")
+
+
+class NeverStarted:
+    """A run whose driver never started (no driver node, no log file): pending, then failed."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def get(self, path: str, **_: Any) -> Any:
+        self.reads += 1
+        return {"status": "PENDING" if self.reads < 4 else "FAILED", "metadata": META}
+
+    def stream(self, path: str, **_: Any) -> Any:
+        raise AssertionError("no stream is opened without a driver node")
+
+
+def test_following_a_run_that_never_started_ends_with_its_state() -> None:
+    logs = RayLogs(NeverStarted(), lambda s: s, ownership_key=KEY, poll_s=0.02)  # type: ignore[arg-type]
+    text = "".join(logs.follow_task_log("ann", "train", DOC, None))
+    assert text == f"[argus: run {SID} FAILED]\n"
+    assert logs.followers.free == logs.max_followers
+    # A plain read says plainly that Ray has no log for it.
+    assert logs.task_log("ann", "train", DOC, None).startswith(f"[argus: Ray has no log for {SID} now")
