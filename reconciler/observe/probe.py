@@ -24,7 +24,8 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -113,7 +114,11 @@ def _error_text(status: int, text: str) -> str:
 class ModelProber:
     """Probe the models of one Serve endpoint; ``check`` returns the models with their verdicts.
 
-    ``serve_url``: the Serve HTTP proxy (``http://host:port``), where the router answers.
+    ``serve_url``: the Serve HTTP proxy (``http://host:port``), where the router answers. The
+    requests run on ``workers`` threads of the prober's own; a tick waits at most ``wait``
+    seconds for them, and a request still out after that is collected by a later tick (it is not
+    sent again while it is out). So models that never answer (a hostile user's, a wedged one)
+    cost each tick at most ``wait`` seconds, never ``timeout`` per model.
     """
 
     def __init__(
@@ -121,6 +126,7 @@ class ModelProber:
         serve_url: str,
         *,
         timeout: float = 10.0,
+        wait: float = 2.0,
         fresh_for: float = 0.5,
         workers: int = 8,
         post: Poster = post_json,
@@ -128,11 +134,18 @@ class ModelProber:
     ) -> None:
         self.serve_url = serve_url.rstrip("/")
         self.timeout = timeout
+        self.wait = wait
         self.fresh_for = fresh_for
-        self.workers = workers
         self._post = post
         self._clock = clock
         self._verdicts: dict[str, Verdict] = {}
+        # Requests out now: name -> (replicas asked for, when sent, the answer to come).
+        self._out: dict[str, tuple[tuple[str, ...], float, Future[tuple[bool | None, str] | None]]] = {}
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="argus-probe")
+
+    def close(self) -> None:
+        """Stop taking requests; requests out finish in the background."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def check(
         self,
@@ -140,11 +153,11 @@ class ModelProber:
         apps: Mapping[str, Mapping[str, Any]],
         replica_ids: Mapping[str, tuple[str, ...]],
     ) -> dict[ObjectKey, ActualModel]:
-        """Return ``models`` with ``answers``/``answer_error`` set from a real request.
+        """Return ``models`` with ``awaiting_answer``/``answer_error`` set from a real request.
 
         Only models Serve calls RUNNING are asked; the others keep Serve's word. ``apps``: the
         deployed application configs by name; ``replica_ids``: running replicas by name. Never
-        raises for one model's answer."""
+        raises for one model's answer; waits at most ``wait`` seconds."""
         now = self._clock()
         wanted: dict[str, tuple[ObjectKey, ActualModel, tuple[str, ...]]] = {}
         for key, model in models.items():
@@ -153,34 +166,31 @@ class ModelProber:
                 wanted[name] = (key, model, tuple(sorted(replica_ids.get(name, ()))))
         # The memo belongs to the applications that run: anything else is dropped here.
         self._verdicts = {n: v for n, v in self._verdicts.items() if n in wanted}
-        due = [
-            name
-            for name, (_, _, replicas) in wanted.items()
-            if not self._fresh(self._verdicts.get(name), replicas, now)
-        ]
-        if due:
-            with ThreadPoolExecutor(max_workers=min(self.workers, len(due))) as pool:
-                answers = dict(
-                    zip(
-                        due,
-                        pool.map(lambda n: self._probe(wanted[n][1].served_name, apps.get(n, {})), due),
-                        strict=True,
-                    )
-                )
-            for name, answer in answers.items():
-                replicas = wanted[name][2]
-                if answer is None:  # no answer in time: no verdict, the last one (same replicas) stands
-                    last = self._verdicts.get(name)
-                    if last is None or last.replicas != replicas:
-                        self._verdicts[name] = Verdict(replicas, now, None, "no answer in time")
-                    continue
-                ok, error = answer
-                self._verdicts[name] = Verdict(replicas, now, ok, error)
+        for name in [n for n in self._out if n not in wanted]:
+            self._out.pop(name)[2].cancel()
+        for name, (_, model, replicas) in wanted.items():
+            if name not in self._out and not self._fresh(self._verdicts.get(name), replicas, now):
+                served, app = model.served_name, apps.get(name, {})
+                self._out[name] = (replicas, now, self._pool.submit(self._probe, served, app))
+        if self._out:
+            futures_wait([f for _, _, f in self._out.values()], timeout=self.wait)
+        for name, (asked, sent, future) in list(self._out.items()):
+            if not future.done():
+                continue
+            del self._out[name]
+            answer = None if future.cancelled() else future.result()
+            replicas = wanted[name][2]
+            if answer is None:  # no verdict (no answer in time, busy): the last one for these replicas stands
+                last = self._verdicts.get(name)
+                if last is None or last.replicas != replicas:
+                    self._verdicts[name] = Verdict(replicas, sent, None, "no answer in time")
+            elif asked == replicas:  # an answer about replicas that are gone says nothing about these
+                self._verdicts[name] = Verdict(replicas, sent, answer[0], answer[1])
         out = dict(models)
-        for name, (key, model, _) in wanted.items():
+        for name, (key, model, replicas) in wanted.items():
             verdict = self._verdicts.get(name)
-            if verdict is None or verdict.ok is None:
-                why = verdict.error if verdict else ""
+            if verdict is None or verdict.replicas != replicas or verdict.ok is None:
+                why = verdict.error if verdict and verdict.replicas == replicas else ""
                 out[key] = replace(model, awaiting_answer=True, answer_error=why)
             elif verdict.ok is False:
                 out[key] = replace(model, answer_error=verdict.error)

@@ -4,6 +4,8 @@ tests/e2e/test_engine_health.py) and how assess turns its verdicts into states."
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -144,3 +146,36 @@ def test_embedding_models_are_asked_for_an_embedding() -> None:
     pooling = {"args": {"llm_config": {"engine_kwargs": {"runner": "pooling"}}}}
     assert probe_request("m", pooling) == ("/v1/embeddings", {"model": "m", "input": "ping"})
     assert probe_request("m", {"args": "odd"})[0] == "/v1/completions"
+
+
+def test_models_that_never_answer_cost_a_tick_at_most_the_wait() -> None:
+    """A hostile user's many wedged models cannot hold every other user's tick for their timeouts."""
+    release = threading.Event()
+    sent: list[str] = []
+
+    def wedged(url: str, body: Mapping[str, Any], timeout: float) -> tuple[int, str]:
+        sent.append(str(body["model"]))
+        release.wait(timeout)
+        return 200, "{}"
+
+    keys = [ObjectKey("mallory", "model", f"m{i}") for i in range(20)]
+    models = {k: ActualModel(k, f"mallory-{k.name}", "h", 1, ready_replicas=1, status="RUNNING") for k in keys}
+    replicas = {app_name(k.user, k.name): ("r",) for k in keys}
+    prober = ModelProber("http://serve:8000", post=wedged, wait=0.3, timeout=30, workers=4)
+    try:
+        for _ in range(3):
+            started = time.monotonic()
+            out = prober.check(models, {}, replicas)
+            assert time.monotonic() - started < 1.5
+            assert all(m.awaiting_answer for m in out.values())
+        assert len(sent) == 4  # what is out is not sent again; the rest waits for a free worker
+        release.set()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all(
+            not m.awaiting_answer for m in prober.check(models, {}, replicas).values()
+        ):
+            time.sleep(0.05)
+        assert all(not m.awaiting_answer for m in prober.check(models, {}, replicas).values())
+    finally:
+        release.set()
+        prober.close()
