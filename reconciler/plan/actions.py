@@ -56,6 +56,7 @@ class Action:
     preempted_by: ObjectKey | None = None  # a stop or scale-down that makes room for this object
     preemption: str | None = None  # why it may: "reclaim" or "within team"
     resume_from: str | None = None  # submit_task: the preempted attempt this one resumes
+    first_attempt: str | None = None  # submit_task resuming: the run's first attempt (verl's checkpoints)
     position: int | None = None  # queue: place among the waiting objects (1 = next)
 
     @property
@@ -77,7 +78,7 @@ class Action:
         if self.preempted_by is not None:
             out["preempted_by"] = str(self.preempted_by)
             out["preemption"] = self.preemption
-        for name in ("resume_from", "position"):
+        for name in ("resume_from", "first_attempt", "position"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
         return out

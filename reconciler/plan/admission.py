@@ -66,13 +66,13 @@ def too_big(
 
     ``total`` empty means the cluster's size is unknown: only the quota is checked.
     """
-    return over_quota(request, user, cluster, task) or over_cluster(request, total)
+    return over_quota(quota_use(request, task), user, cluster, task) or over_cluster(request, total)
 
 
-def over_quota(request: Mapping[str, float], user: str, cluster: ClusterSpec, task: bool) -> str | None:
-    """Why ``request`` exceeds its user's cap or its team's nominal quota plus borrowing limit
-    (Kueue's ExceedsMaxQuota), else None."""
-    gpus = request.get(GPU, 0.0)
+def over_quota(amount: Mapping[str, float], user: str, cluster: ClusterSpec, task: bool) -> str | None:
+    """Why a request of ``amount`` (quota resources: GPUs and driver slots) exceeds its user's cap
+    or its team's nominal quota plus borrowing limit (Kueue's ExceedsMaxQuota), else None."""
+    gpus = amount.get(GPU, 0.0)
     quota = cluster.quota(user)
     if quota is not None and gpus > quota + EPS:
         return f"needs {gpus:g} GPU but {user}'s quota is {quota} GPU{'s' if quota != 1 else ''}"
@@ -80,12 +80,25 @@ def over_quota(request: Mapping[str, float], user: str, cluster: ClusterSpec, ta
         return f"{user} may run no task (tasks: 0 in cluster.yaml)"
     group = cluster.team_of(user)
     team = cluster.teams.get(group)
-    for r, v in sorted(quota_use(request, task).items()):
+    for r, v in sorted(amount.items()):
         most = team.max_quota(r) if team is not None else None
         if most is not None and v > most + EPS:
             what = "GPU" if r == GPU else "driver slots"
             return f"needs {v:g} {what} but team {group}'s nominal quota plus borrowing limit is {most:g}"
     return None
+
+
+def quota_amount(desired: DesiredState, action: Action, resources: Mapping[str, float]) -> dict[str, float]:
+    """The quota resources an action taking Ray ``resources`` counts. A model in CPU serving mode
+    counts its ``gpus_per_replica`` per replica: the CPU profile stands in for a GPU cluster, and
+    its quotas must hold as they would there."""
+    cluster = desired.cluster
+    if action.key.kind == "model" and cluster.serving.accelerator == "cpu":
+        spec = desired.models.get(action.key)
+        cpus = cluster.serving.cpus_per_replica
+        if spec is not None and cpus > 0:
+            return {GPU: resources.get("CPU", 0.0) / cpus * spec.gpus_per_replica}
+    return quota_use(resources, task=action.type is ActionType.SUBMIT_TASK)
 
 
 def over_cluster(request: Mapping[str, float], total: Mapping[str, float]) -> str | None:
@@ -107,7 +120,9 @@ def unschedulable(desired: DesiredState, total: Mapping[str, float] | None = Non
         if model.suspend or model.replicas == 0:
             continue
         per = model_resources_per_replica(model, cluster)
-        why = too_big({r: v * model.replicas for r, v in per.items()}, key.user, cluster, total or {})
+        request = {r: v * model.replicas for r, v in per.items()}
+        amount = {GPU: float(model.gpus_per_replica * model.replicas)}
+        why = over_quota(amount, key.user, cluster, False) or over_cluster(request, total or {})
         if why:
             out.append((key, why))
     for key, task in sorted(desired.tasks.items()):
@@ -149,6 +164,7 @@ def admit(
     work = running_work(desired, actual, busy) if preempting and cands else []
     taken: set[ObjectKey] = set()
     priority = {c.action.key: _priority(desired, c.action.key) for c in cands}
+    amounts = {c.action.key: quota_amount(desired, c.action, c.action.demand) for c in cands}
     queues: dict[str, deque[Candidate]] = {}
     for cand in sorted(cands, key=lambda c: (-priority[c.action.key], *c.order, *c.action.key)):
         group = cluster.team_of(cand.action.key.user) if cluster.teams else NO_TEAM
@@ -159,7 +175,7 @@ def admit(
     blocked: dict[str, ObjectKey] = {}  # StrictFIFO: resource -> first object queued for lack of it
     while queues or deferred:
         if queues:
-            group = _next_queue(queues, ledger, priority) if len(queues) > 1 else next(iter(queues))
+            group = _next_queue(queues, ledger, priority, amounts) if len(queues) > 1 else next(iter(queues))
             cand = queues[group].popleft()
             if not queues[group]:
                 del queues[group]
@@ -171,12 +187,12 @@ def admit(
             cand = deferred.pop(0)
         action, user = cand.action, cand.action.key.user
         pending.discard(action.key)
-        never = over_quota(cand.request, user, cluster, cand.task)
+        never = over_quota(quota_amount(desired, action, cand.request), user, cluster, cand.task)
         never = f"ExceedsMaxQuota: {never}" if never else over_cluster(cand.request, capacity.total)
         if never is not None:
             out.append(_unschedulable(action, never))
             continue
-        amount = quota_use(action.demand, cand.task)
+        amount = amounts[action.key]
         short = ledger.short(user, amount, action.demand)
         behind = sorted(r for r, v in action.demand.items() if v > 0 and r in blocked) if ledger.known else []
         if short is not None and short.kind != "user" and preempting and not behind:
@@ -215,14 +231,19 @@ def _priority(desired: DesiredState, key: ObjectKey) -> int:
     return desired.cluster.priority_value(key.kind, spec.priority if spec is not None else None)
 
 
-def _next_queue(queues: Mapping[str, deque[Candidate]], ledger: Ledger, priority: Mapping[ObjectKey, int]) -> str:
+def _next_queue(
+    queues: Mapping[str, deque[Candidate]],
+    ledger: Ledger,
+    priority: Mapping[ObjectKey, int],
+    amounts: Mapping[ObjectKey, Mapping[str, float]],
+) -> str:
     """The queue whose head goes next: within its nominal quota first (Kueue admits work that
     needs no borrowing first), then the lowest fair share with the head admitted, then the head's
     priority and first sighting."""
 
     def rank(group: str) -> tuple[bool, float, int, int, int, tuple[str, str, str]]:
         head = queues[group][0]
-        amount = quota_use(head.action.demand, head.task)
+        amount = amounts[head.action.key]
         share = ledger.share(group, amount)
         return (
             not ledger.within_nominal(group, amount),

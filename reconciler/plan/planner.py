@@ -254,6 +254,7 @@ def _plan_tasks(
             submission_id=sid,
             demand=demand,
             resume_from=resume,
+            first_attempt=min(attempts, key=lambda j: _attempt_of(j.submission_id)).submission_id if resume else None,
         )
         cands.append(Candidate(order.of(key, spec.created_at), action, demand))
 

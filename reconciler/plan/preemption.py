@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 from reconciler.plan.actions import Action, ActionType
 from reconciler.plan.actual import ActualState
-from reconciler.plan.quota import Ledger, quota_use
+from reconciler.plan.quota import Ledger, model_gpus, quota_use
 from reconciler.spec.hashing import model_spec_hash, task_spec_hash
-from reconciler.spec.types import ClusterSpec, DesiredState, ObjectKey
+from reconciler.spec.types import GPU, ClusterSpec, DesiredState, ObjectKey
 
 RECLAIM = "reclaim"
 WITHIN_TEAM = "within team"
@@ -103,7 +103,7 @@ def running_work(desired: DesiredState, actual: ActualState, busy: frozenset[Obj
                     key=key,
                     group=cluster.team_of(key.user) if teamed else "",
                     priority=cluster.priority_value("model", model.priority),
-                    amount=quota_use(one, task=False),
+                    amount={GPU: model_gpus(live)},
                     real=one,
                     started=None,
                     replicas=keep,

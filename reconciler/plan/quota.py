@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from reconciler.plan.actual import ActualState, Capacity, sub
+from reconciler.plan.actual import ActualModel, ActualState, Capacity, sub
 from reconciler.spec.types import GPU, NO_TEAM, QUOTA_RESOURCES, SLOTS, ClusterSpec, Team
 
 EPS = 1e-9
@@ -36,6 +36,16 @@ def quota_use(real: Mapping[str, float], task: bool) -> dict[str, float]:
     if task:
         out[SLOTS] = 1.0
     return out
+
+
+def model_gpus(model: ActualModel) -> float:
+    """GPUs one replica of a running model counts in quotas: its Ray GPUs, or in CPU serving mode
+    the ``gpus_per_replica`` it was deployed with (the CPU profile stands in for a GPU cluster)."""
+    gpus = model.resources_per_replica.get(GPU, 0.0)
+    if gpus:
+        return gpus
+    recorded = (model.spec or {}).get("gpus_per_replica")
+    return float(recorded) if isinstance(recorded, int | float) and not isinstance(recorded, bool) else 0.0
 
 
 def driver_slots(cluster: ClusterSpec, total: Mapping[str, float]) -> float | None:
@@ -84,7 +94,7 @@ class Ledger:
                 committed[r] = committed.get(r, 0.0) + v * model.replicas
                 if waiting:
                     unplaced[r] = unplaced.get(r, 0.0) + v * waiting
-            ledger._count(model.key.user, quota_use(model.committed(), task=False), 1.0)
+            ledger._count(model.key.user, {GPU: model_gpus(model) * model.replicas}, 1.0)
         for job in actual.jobs:
             if not job.active:
                 continue
