@@ -31,6 +31,8 @@ from reconciler.plan.preemption import choose_victims, may_preempt, running_work
 from reconciler.plan.quota import EPS, Ledger, fmt, quota_use
 from reconciler.spec.types import GPU, NO_TEAM, ClusterSpec, DesiredState, ObjectKey
 
+SHOWN_POSITIONS = 50
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -220,7 +222,10 @@ def admit(
         out.append(action)
     for place, index in enumerate(waiting, start=1):
         queued = out[index]
-        out[index] = replace(queued, position=place, reason=f"{queued.reason} [queue position {place}]")
+        # Exact places only near the head: further back a moving queue would rewrite every
+        # waiting object's status document on every admission.
+        where = f"queue position {place}" if place <= SHOWN_POSITIONS else f"behind {SHOWN_POSITIONS}+ in the queue"
+        out[index] = replace(queued, position=place, reason=f"{queued.reason} [{where}]")
     if cluster.teams:
         result.teams = ledger.summary()
     return out

@@ -259,3 +259,16 @@ def test_a_preempted_run_resumes_as_the_same_run_never_from_zero() -> None:
     assert resumed[0].submission_id == f"{first.submission_id}--2"
     sim.jobs = {sid: replace(j, status="SUCCEEDED") for sid, j in sim.jobs.items()}
     assert not sim.tick().of(ActionType.SUBMIT_TASK)
+
+
+def test_queue_positions_are_exact_near_the_head_and_stable_further_back() -> None:
+    """Waiting objects carry their place; past the first 50 the reason stops changing, so a moving
+    queue does not rewrite thousands of status documents on every admission."""
+    sim = Sim(ClusterSpec(), {"GPU": 1.0, "worker_node": 1.0, "CPU": 64.0})
+    for i in range(60):
+        task = command_task("alice", f"t{i:02d}", 1, None, NOW + i)
+        sim.desired.tasks[task.key] = task
+    queued = sim.tick().of(ActionType.QUEUE)
+    assert [a.position for a in queued] == list(range(1, 60))
+    assert queued[0].reason.endswith("[queue position 1]") and queued[49].reason.endswith("[queue position 50]")
+    assert all(a.reason.endswith("[behind 50+ in the queue]") for a in queued[50:])
