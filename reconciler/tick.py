@@ -45,7 +45,7 @@ from reconciler.plan.planner import plan as make_plan
 from reconciler.source.localfs import LocalFS
 from reconciler.source.remote import RepoSource
 from reconciler.source.signatures import SignatureVerifier, SigningPolicy
-from reconciler.spec.hashing import task_spec_hash
+from reconciler.spec.hashing import parse_submission_id, task_spec_hash
 from reconciler.spec.loader import ModelCheck, ParseCache, SourceFile, TaskCheck, classify, load
 from reconciler.spec.paths import FileSystem
 from reconciler.spec.types import ClusterSpec, DesiredState, ObjectKey, Paths, TaskSpec
@@ -411,6 +411,9 @@ class Reconciler:
         self._foreign_seen &= actual.foreign_ids
         for key in [k for k in self._seen_blob if k not in self.first_seen]:
             del self._seen_blob[key]
+        # Preemptions not yet on the status branch: those of tasks deleted meanwhile are never written.
+        self._preempted = {k: v for k, v in self._preempted.items() if k in tasks or k in desired.models}
+        self._preempted_runs = {s for s in self._preempted_runs if _task_of_run(s) in tasks}
 
     def _forget_other_specs(self, attempt: tuple[ObjectKey, str | None]) -> None:
         """Forget the refusals, retries and back-off of ``attempt``'s task under other specs."""
@@ -660,6 +663,12 @@ def _serve_url_beside(dashboard_url: str, http_port: int) -> str:
     host = parts.hostname or "127.0.0.1"
     host = f"[{host}]" if ":" in host else host
     return f"{parts.scheme or 'http'}://{host}:{http_port}"
+
+
+def _task_of_run(sid: str) -> ObjectKey | None:
+    """The task a submission id argus derives names (None when it is not one)."""
+    parsed = parse_submission_id(sid)
+    return ObjectKey(parsed[0], "task", parsed[1]) if parsed is not None else None
 
 
 def _key_of(path: str) -> ObjectKey | None:

@@ -139,6 +139,7 @@ def _memo_sizes(rec: Reconciler, reporter: Reporter) -> dict[str, int]:
         "foreign_seen": len(rec._foreign_seen),
         "first_seen": len(rec.first_seen),
         "seen_blob": len(rec._seen_blob),
+        "preempted": len(rec._preempted) + len(rec._preempted_runs),
         "parse_cache": len(rec.cache.entries) + len(rec.cache.built) + len(rec.cache.keys),
         "git_created": len(rec.source.repo._created),
         "git_sizes": len(rec.source.repo._sizes),
@@ -183,7 +184,7 @@ def test_two_thousand_ticks_keep_memory_flat(tmp_path: Path) -> None:
     elapsed = time.monotonic() - started
     live = LIVE_TASKS + LIVE_MODELS
     # Bounded by what exists now, never by the 2 x TICKS objects that passed through.
-    for name in ("refused", "retrying", "backoff", "first_seen", "seen_blob", "logged", "resolved"):
+    for name in ("refused", "retrying", "backoff", "first_seen", "seen_blob", "preempted", "logged", "resolved"):
         assert peak[name] <= live + 2, (name, peak)
     assert peak["checkpoints"] <= KEPT_JOBS + 2 * LIVE_TASKS + 2, peak
     assert peak["log_tails"] <= LIVE_TASKS + 1, peak
