@@ -14,6 +14,18 @@ is inert for every later pass. What becomes ``***``:
   ``ghp_...``/``github_pat_...``, GitLab ``glpat-...``, and PEM private key blocks.
 
 Redaction errs towards hiding: a value that merely looks like a credential is hidden too.
+
+Before any pattern runs, terminal escape sequences (ANSI CSI such as colours, OSC such as
+window titles and clipboard writes, DCS/PM/APC strings) and the other C0/C1 control
+characters except tab, newline and carriage return are removed, so that ``\x1b[32mghp_...``
+is seen (and hidden) as ``ghp_...``, and nothing redacted can drive a terminal.
+
+Every pass is linear in the length of the text: private key blocks are found by a scan that
+visits each line a bounded number of times, and the regular-expression passes are written so
+that each match attempt stops at the next character outside its class (no nested unbounded
+repetition). Texts longer than :data:`MAX_TEXT_CHARS` are cut before redaction: the first
+and the last half of the budget are kept, cut at line ends, and redacted separately, with a
+``[argus: N characters cut]`` line between them (see :func:`cut`).
 """
 
 from __future__ import annotations
@@ -33,15 +45,8 @@ _NAME = r"(?<![A-Za-z0-9_.-])(?:[A-Za-z0-9]+[_.-]){0,8}" + _SECRET_WORDS + r"(?:
 _VALUE = r"""(?:"[^"\n]*"|'[^'\n]*'|[^\s"',;&<>]+)"""
 
 # (marker, pattern): a pass runs only when its marker (lower case) occurs in the lower-cased text.
+# Private key blocks are not here: :func:`_hide_key_blocks` finds them in one linear scan.
 _PASSES: tuple[tuple[str, str], ...] = (
-    # A PEM private key block, also when the log cut it before its END line.
-    ("-----begin", r"(?P<pem>-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----(?:.*?-----END [A-Z0-9 ]*PRIVATE KEY-----|.*\Z))"),
-    # The body of a key block whose BEGIN line was cut off (a log tail, a followed chunk): the
-    # base64 lines before a lone END line.
-    (
-        "-----end",
-        r"(?P<pemtail>(?:^[ \t]*[A-Za-z0-9+/=]{16,}[ \t]*\r?\n)*^[^\n]*?-----END [A-Z0-9 ]*PRIVATE KEY-----)",
-    ),
     # URL credentials: ``scheme://userinfo@``.
     ("://", r"(?P<url>(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/@?#\"'<>]+)@"),
     # ``Authorization: Bearer x`` / ``authorization=token x``: the whole credential goes.
@@ -77,6 +82,112 @@ _COMPILED = tuple(
     (marker, re.compile(pattern, re.IGNORECASE | re.DOTALL | re.MULTILINE)) for marker, pattern in _PASSES
 )
 
+MAX_TEXT_CHARS = 1 << 20
+"""The longest text redacted whole (characters); a longer one is cut first (:func:`cut`)."""
+
+# Terminal control sequences, removed before redaction. Each alternative's classes are disjoint
+# from what follows them, so a match never backtracks; an unterminated string (OSC, DCS, ...)
+# ends at the next ESC, BEL, ST or line end, as far as the scan has to look.
+_SEQUENCES = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"  # CSI: colours, cursor moves, screen clears
+    r"|(?:\x1b[\]P^_X]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c\n]*(?:\x07|\x1b\\|\x9c)?"  # OSC, DCS, SOS, PM, APC
+    r"|\x1b[ -/]*[0-~]?"  # other escapes (charset selection, keypad modes, a lone ESC)
+    r"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"  # every other control but tab, newline, CR
+)
+
+# Private key blocks. ``[A-Z0-9 ]*`` stops at ``-``, so attempts from different markers never
+# rescan the same characters.
+_KEY_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----", re.IGNORECASE)
+_KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY-----", re.IGNORECASE)
+_KEY_BODY_LINE = re.compile(r"[ \t]*[A-Za-z0-9+/=]{16,}[ \t]*\r?")
+
+
+def strip_controls(text: str) -> str:
+    """Return ``text`` without terminal escape sequences and control characters (tab, newline
+    and carriage return are kept). Linear in ``len(text)``."""
+    return _SEQUENCES.sub("", text)
+
+
+def cut(text: str, limit: int = MAX_TEXT_CHARS) -> tuple[str, str | None, str]:
+    """Split a text longer than ``limit`` into (head, marker, tail) to redact separately; a text
+    within it is returned as ``(text, None, "")``.
+
+    Head and tail hold about ``limit // 2`` characters each, cut at a line end when the part has
+    one; otherwise the word split by the cut is dropped (so that no fragment of a secret value
+    is kept where the literal pass could not recognise it). The marker is a line that says how
+    many characters were left out. A key block cut in two stays hidden: its head part has a
+    BEGIN line without an END (hidden to the end of the part), its tail part body lines before
+    an END line."""
+    if len(text) <= limit:
+        return text, None, ""
+    half = max(limit // 2, 1)
+    head, tail = text[:half], text[len(text) - half :]
+    newline = head.rfind("\n")
+    head = head[: (newline if newline >= 0 else max(head.rfind(c) for c in " \t\r\f\v")) + 1]
+    newline = tail.find("\n")
+    first = _BLANK.search(tail) if newline < 0 else None
+    tail = tail[newline + 1 :] if newline >= 0 else tail[first.end() :] if first is not None else ""
+    dropped = len(text) - len(head) - len(tail)
+    return head, ("" if head.endswith("\n") else "\n") + f"[argus: {dropped} characters cut]\n", tail
+
+
+_BLANK = re.compile(r"\s")
+
+
+def _hide_key_blocks(text: str) -> str:
+    """Hide private key blocks: from a BEGIN line to its END line (or to the end of the text
+    when the log cut it off), and, for an END line whose BEGIN line was cut off (a log tail, a
+    followed chunk), that line up to its END marker with the base64 body lines just above it.
+
+    Linear in ``len(text)``: the searches move forward only, and the walk back from a lone END
+    line stops at the previous END line (which is not a body line)."""
+    if "-----" not in text:
+        return text
+    spans: list[tuple[int, int]] = []  # what to hide, in order of start
+    pos = 0
+    while (begin := _KEY_BEGIN.search(text, pos)) is not None:
+        end = _KEY_END.search(text, begin.end())
+        spans.append((begin.start(), len(text) if end is None else end.end()))
+        if end is None:
+            break
+        pos = end.end()
+    blocks = spans.copy()
+    index = 0  # the first block that does not end before the END marker at hand
+    line_start, scanned = 0, 0  # the start of the line holding ``scanned``, once blocks are hidden
+    for end in _KEY_END.finditer(text):
+        while index < len(blocks) and blocks[index][1] <= end.start():
+            index += 1
+        if index < len(blocks) and blocks[index][0] <= end.start():
+            continue  # a block's own END line
+        # The last line end before the marker outside hidden blocks (a hidden block is one
+        # line), searched back to the previous marker only.
+        hi, j = end.start(), index - 1
+        while True:
+            lo = max(scanned, blocks[j][1]) if j >= 0 else scanned
+            newline = text.rfind("\n", lo, hi)
+            if newline >= 0 or j < 0 or blocks[j][1] <= scanned:
+                break
+            hi, j = blocks[j][0], j - 1
+        line_start, scanned = (newline + 1 if newline >= 0 else line_start), end.end()
+        start = line_start
+        while start > 0:  # the body lines right above
+            above = text.rfind("\n", 0, start - 1) + 1
+            if not _KEY_BODY_LINE.fullmatch(text, above, start - 1):
+                break
+            start = above
+        spans.append((start, end.end()))
+    spans.sort()
+    out: list[str] = []
+    pos = 0
+    for start, stop in spans:
+        if stop <= pos:
+            continue
+        if start >= pos:
+            out += [text[pos:start], MASK]
+        pos = stop
+    out.append(text[pos:])
+    return "".join(out)
+
 
 def _percent_encoded(value: str) -> str:
     """``value`` as it appears inside a URL (RFC 3986 unreserved characters kept)."""
@@ -109,13 +220,22 @@ class Redactor:
         alternatives = [re.escape(s) for s in sorted(literals, key=lambda s: (-len(s), s))]
         self.secret_count = len(literals)
         literal_pass = [("", re.compile("(?P<literal>" + "|".join(alternatives) + ")"))] if alternatives else []
-        # The PEM passes go first: a key block is hidden whole before other passes cut it up.
-        self._passes = _COMPILED[:2] + tuple(literal_pass) + _COMPILED[2:]
+        self._passes = tuple(literal_pass) + _COMPILED
 
     def __call__(self, text: str) -> str:
-        """Return ``text`` with every secret replaced by ``***``."""
+        """Return ``text`` with every secret replaced by ``***`` and control sequences removed.
+
+        A text longer than :data:`MAX_TEXT_CHARS` is cut first (:func:`cut`): its middle is
+        replaced by a ``[argus: N characters cut]`` line. Linear in ``len(text)``."""
         if not text:
             return text
+        head, marker, tail = cut(text)
+        if marker is None:
+            return self._redact(head)
+        return self._redact(head) + marker + self._redact(tail)
+
+    def _redact(self, text: str) -> str:
+        text = _hide_key_blocks(strip_controls(text))  # key blocks first: hidden whole, not cut up
         lowered = text.lower()
         for marker, regex in self._passes:
             if marker in lowered:
