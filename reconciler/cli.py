@@ -31,6 +31,7 @@ from reconciler.source.signatures import SigningPolicy
 from reconciler.spec.loader import ModelCheck, TaskCheck, load
 from reconciler.spec.paths import FileSystem
 from reconciler.spec.types import DesiredState
+from reconciler.terminal import guard as terminal_guard
 
 if TYPE_CHECKING:
     from reconciler.tick import TickResult
@@ -517,6 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="markdown is ready to paste into a pull-request comment",
     )
     p.add_argument("--offline", action="store_true", help="skip checks that need the cluster's file system")
+    _raw_arg(p)
     p.add_argument(
         "--approve-prune",
         action="store_true",
@@ -608,6 +610,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="text",
         help="actual: the observed cluster state as JSON, the input of `argus plan --actual`",
     )
+    _raw_arg(st)
     st.set_defaults(func=cmd_status)
 
     lg = sub.add_parser(
@@ -627,6 +630,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the daemon's web address (`argus run --listen`, or --web-listen when set) "
         "(default: http://127.0.0.1:8080) [ARGUS_SERVER]",
     )
+    _raw_arg(lg)
     lg.set_defaults(func=cmd_logs)
 
     it = sub.add_parser(
@@ -678,6 +682,19 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
     return value
+
+
+def _raw_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="write control characters as they are; by default they are shown escaped (^[) on a terminal",
+    )
+
+
+# Commands that print what users, jobs and the cluster wrote: on a terminal their control
+# characters are shown escaped (reconciler.terminal), unless --raw.
+TERMINAL_GUARDED = frozenset({"status", "logs", "plan"})
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -761,6 +778,12 @@ def _reconciler(args: argparse.Namespace, source: Any) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    guarded = args.command in TERMINAL_GUARDED
+    with terminal_guard(raw=not guarded or bool(getattr(args, "raw", False))):
+        return _run_command(args)
+
+
+def _run_command(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args))
     except ModuleNotFoundError as exc:
