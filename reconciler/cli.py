@@ -292,18 +292,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     import socket
 
     from reconciler.loop import Daemon
-    from reconciler.redact import Redactor
+    from reconciler.redact import RedactingFormatter, Redactor
     from reconciler.server import start_server
     from reconciler.status.lease import Lease
     from reconciler.status.writer import StatusWriter
 
     _require_runtime("run", RUNTIME_MODULES[:3])  # before any start-up work: one line, exit 1
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    formatter = RedactingFormatter()  # everything logged is redacted; secret values known below
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(formatter)
     logging.getLogger("watchfiles").setLevel(logging.WARNING)  # it logs every batch of changes
     _signing(args)
     source = open_source(args.repo, args.cache_dir)
     reconciler = _reconciler(args, source)
     redactor = Redactor([*reconciler.secrets_env.values(), os.environ.get("ARGUS_WEBHOOK_SECRET")])
+    formatter.redact = redactor
     writer = StatusWriter(source, args.status_branch, endpoint=args.endpoint, redact=redactor)
     daemon = Daemon(
         reconciler,

@@ -30,8 +30,10 @@ and the last half of the budget are kept, cut at line ends, and redacted separat
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 MASK = "***"
 MIN_SECRET_LEN = 6
@@ -268,6 +270,45 @@ def redact(text: str) -> str:
     return _PATTERN_ONLY(text)
 
 
+_SECRET_NAME = re.compile(_NAME, re.IGNORECASE)
+# Values that stand for a secret without being one: the mask, and what a resolved spec shows for
+# a variable the daemon fills in (reconciler.builders.resolved.FROM_DAEMON).
+PLACEHOLDERS = frozenset({"", MASK, "(from the daemon's environment)"})
+
+
+def redact_tree(value: Any, redact: Callable[[str], str] = redact) -> Any:
+    """Return a copy of ``value`` (JSON-like: mappings, lists, scalars) with every string and
+    mapping key passed through ``redact``, and the string value of every key that names a secret
+    (``HF_TOKEN``, ``api_key``, ``password``: the rule of ``NAME=value``) replaced by ``***``.
+    Tuples become lists; other scalars are kept."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            name = str(k)
+            secret = isinstance(v, str) and v not in PLACEHOLDERS and _SECRET_NAME.fullmatch(name) is not None
+            out[redact(name)] = MASK if secret else redact_tree(v, redact)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [redact_tree(v, redact) for v in value]
+    return value
+
+
 def redact_url(url: str) -> str:
     """Return ``url`` with its credentials hidden: ``https://user:token@host/x`` -> ``https://***@host/x``."""
     return _PATTERN_ONLY(url)
+
+
+class RedactingFormatter(logging.Formatter):
+    """A log formatter whose every formatted record (message, arguments and traceback together)
+    passes through ``redact``: the choke point of what the daemon logs. ``redact`` may be
+    replaced later (by a Redactor that knows the daemon's secret values once they are read)."""
+
+    def __init__(self, redact: Callable[[str], str] = redact, fmt: str = "%(message)s") -> None:
+        super().__init__(fmt)
+        self.redact = redact
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Returns the record formatted as usual, then redacted."""
+        return self.redact(super().format(record))
