@@ -66,10 +66,11 @@ _PASSES: tuple[tuple[str, str], ...] = (
     ),
     # ``NAME=value``, ``name: value``, ``"name": "value"``, ``?name=value``.
     ("", r"(?P<assign>" + _NAME + r"[\"']?[ \t]*[=:][ \t]*)(?P<value>" + _VALUE + r")"),
-    # Token shapes, wherever they stand.
+    # Token shapes, wherever they stand: also right after a colour code written out as text
+    # (``\033[31m``, ``\u001b[1;32m`` in a command or a JSON log; real escapes are removed first).
     (
         "",
-        r"(?P<token>(?<![A-Za-z0-9_-])(?:"
+        r"(?P<token>(?:(?<![A-Za-z0-9_-])|(?<=\[m)|(?<=[\[;]\dm)|(?<=[\[;]\d\dm))(?:"
         r"hf_[A-Za-z0-9]{20,}"
         r"|sk-(?:proj-|ant-|live-|test-)?[A-Za-z0-9_-]{20,}"
         r"|(?:AKIA|ASIA)[0-9A-Z]{16}"

@@ -294,3 +294,12 @@ def test_redaction_time_grows_linearly(family: str) -> None:
         if t_large <= max(3 * 10.24 * t_small, 0.25) and t_large < 5.0:
             return
     pytest.fail(f"{family}: 100 KiB in {t_small:.3f}s, 1 MiB in {t_large:.3f}s")
+
+
+@pytest.mark.parametrize(
+    "written", ["\\033[31m", "\\x1b[1;32m", "\\u001b[0m", "\\e[m", "^[[33m"], ids=["octal", "hex", "json", "e", "caret"]
+)
+def test_a_token_after_a_colour_code_written_as_text_is_hidden(written: str) -> None:
+    # A command (or a JSON log line) holds the escape as text, which no terminal-escape pass removes.
+    text = f"printf '{written}ghp_abcdefghijklmnopqrstuvwxyz0123456789{written}'"
+    assert redact(text) == f"printf '{written}***{written}'"
