@@ -46,30 +46,35 @@ _SECRET_WORDS = r"(?:token|secret|password|passwd|passphrase|key|apikey|credenti
 _NAME = r"(?<![A-Za-z0-9_.-])(?:[A-Za-z0-9]+[_.-]){0,8}" + _SECRET_WORDS + r"(?:[_.-][A-Za-z0-9]+){0,8}+"
 _VALUE = r"""(?:"[^"\n]*"|'[^'\n]*'|[^\s"',;&<>]+)"""
 
-# (marker, pattern): a pass runs only when its marker (lower case) occurs in the lower-cased text.
-# Private key blocks are not here: :func:`_hide_key_blocks` finds them in one linear scan.
-_PASSES: tuple[tuple[str, str], ...] = (
+# Markers: a pass runs only when, for each group, one of its strings (lower case) occurs in the
+# lower-cased text, so that a short identifier costs a few substring searches, not regex passes.
+_WORDS = ("token", "secret", "passw", "passphrase", "key", "credential")  # covers _SECRET_WORDS
+Markers = tuple[tuple[str, ...], ...]
+
+# (markers, pattern). Private key blocks are not here: :func:`_hide_key_blocks` finds them in
+# one linear scan.
+_PASSES: tuple[tuple[Markers, str], ...] = (
     # URL credentials: ``scheme://userinfo@``.
-    ("://", r"(?P<url>(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/@?#\"'<>]+)@"),
+    ((("://",),), r"(?P<url>(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s/@?#\"'<>]+)@"),
     # ``Authorization: Bearer x`` / ``authorization=token x``: the whole credential goes.
     (
-        "authorization",
+        (("authorization",),),
         r"(?P<auth>(?<![A-Za-z0-9_-])(?:proxy-)?authorization[\"']?[ \t]*[:=][ \t]*[\"']?"
         r"(?:(?:bearer|basic|token|bot|digest)[ \t]+)?)" + _VALUE,
     ),
-    ("bearer", r"(?P<bearer>(?<![A-Za-z0-9_-])bearer[ \t]+)[A-Za-z0-9._~+/=-]{8,}"),
+    ((("bearer",),), r"(?P<bearer>(?<![A-Za-z0-9_-])bearer[ \t]+)[A-Za-z0-9._~+/=-]{8,}"),
     # ``--api-key VALUE`` / ``--token=VALUE`` on a command line.
     (
-        "--",
+        (("--",), _WORDS),
         r"(?P<flag>(?<![A-Za-z0-9_-])--(?:[a-z0-9]+-){0,4}" + _SECRET_WORDS + r"(?:-[a-z0-9]+){0,4}+(?:=|[ \t]+))"
         r"(?!-)" + _VALUE,
     ),
     # ``NAME=value``, ``name: value``, ``"name": "value"``, ``?name=value``.
-    ("", r"(?P<assign>" + _NAME + r"[\"']?[ \t]*[=:][ \t]*)(?P<value>" + _VALUE + r")"),
+    ((("=", ":"), _WORDS), r"(?P<assign>" + _NAME + r"[\"']?[ \t]*[=:][ \t]*)(?P<value>" + _VALUE + r")"),
     # Token shapes, wherever they stand: also right after a colour code written out as text
     # (``\033[31m``, ``\u001b[1;32m`` in a command or a JSON log; real escapes are removed first).
     (
-        "",
+        (("hf_", "sk-", "akia", "asia", "gh", "glpat-", "xox"),),
         r"(?P<token>(?:(?<![A-Za-z0-9_-])|(?<=\[m)|(?<=[\[;]\dm)|(?<=[\[;]\d\dm))(?:"
         r"hf_[A-Za-z0-9]{20,}"
         r"|sk-(?:proj-|ant-|live-|test-)?[A-Za-z0-9_-]{20,}"
@@ -82,11 +87,15 @@ _PASSES: tuple[tuple[str, str], ...] = (
     ),
 )
 _COMPILED = tuple(
-    (marker, re.compile(pattern, re.IGNORECASE | re.DOTALL | re.MULTILINE)) for marker, pattern in _PASSES
+    (markers, re.compile(pattern, re.IGNORECASE | re.DOTALL | re.MULTILINE)) for markers, pattern in _PASSES
 )
 
 MAX_TEXT_CHARS = 1 << 20
 """The longest text redacted whole (characters); a longer one is cut first (:func:`cut`)."""
+# Texts up to MEMO_CHARS are remembered, at most MEMO_ENTRIES of them (then the memo starts over):
+# a status write redacts the same keys, states and names for every object.
+MEMO_CHARS = 80
+MEMO_ENTRIES = 8192
 
 # Terminal control sequences, removed before redaction. Each alternative's classes are disjoint
 # from what follows them, so a match never backtracks; an unterminated string (OSC, DCS, ...)
@@ -204,7 +213,8 @@ def _percent_encoded(value: str) -> str:
 
 
 class Redactor:
-    """Replace secrets in text with ``***``. Build once; call for every text (thread-safe, no state).
+    """Replace secrets in text with ``***``. Build once; call for every text (thread-safe; the only
+    state is a bounded memo of short texts).
 
     ``secrets``: the literal values to hide (for example the values of WANDB_API_KEY or HF_TOKEN
     passed to jobs, the webhook secret, git credentials). Empty and short values are ignored.
@@ -222,8 +232,10 @@ class Redactor:
         # secret is an exact value, and IGNORECASE would make the alternation ~40x slower.
         alternatives = [re.escape(s) for s in sorted(literals, key=lambda s: (-len(s), s))]
         self.secret_count = len(literals)
-        literal_pass = [("", re.compile("(?P<literal>" + "|".join(alternatives) + ")"))] if alternatives else []
+        literal = re.compile("(?P<literal>" + "|".join(alternatives) + ")")
+        literal_pass: list[tuple[Markers, re.Pattern[str]]] = [((), literal)] if alternatives else []
         self._passes = tuple(literal_pass) + _COMPILED
+        self._memo: dict[str, str] = {}  # short text -> redacted; cleared at MEMO_ENTRIES
 
     def __call__(self, text: str) -> str:
         """Return ``text`` with every secret replaced by ``***`` and control sequences removed.
@@ -232,16 +244,31 @@ class Redactor:
         replaced by a ``[argus: N characters cut]`` line. Linear in ``len(text)``."""
         if not text:
             return text
+        if len(text) <= MEMO_CHARS:  # ids, names, states, keys: the same few strings again and again
+            done = self._memo.get(text)
+            if done is None:
+                if len(self._memo) >= MEMO_ENTRIES:
+                    self._memo.clear()
+                done = self._memo[text] = self._redact(text)
+            return done
         head, marker, tail = cut(text)
         if marker is None:
             return self._redact(head)
         return self._redact(head) + marker + self._redact(tail)
 
     def _redact(self, text: str) -> str:
-        text = _hide_key_blocks(strip_controls(text))  # key blocks first: hidden whole, not cut up
+        if not text.isprintable():  # fast path: a printable text has no control character
+            text = strip_controls(text)
+        text = _hide_key_blocks(text)  # key blocks first: hidden whole, not cut up
         lowered = text.lower()
-        for marker, regex in self._passes:
-            if marker in lowered:
+        for markers, regex in self._passes:
+            for group in markers:
+                for marker in group:
+                    if marker in lowered:
+                        break
+                else:
+                    break  # no string of this group occurs: the pass cannot match
+            else:
                 text = regex.sub(_replace, text)
         return text
 

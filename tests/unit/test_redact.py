@@ -303,3 +303,15 @@ def test_a_token_after_a_colour_code_written_as_text_is_hidden(written: str) -> 
     # A command (or a JSON log line) holds the escape as text, which no terminal-escape pass removes.
     text = f"printf '{written}ghp_abcdefghijklmnopqrstuvwxyz0123456789{written}'"
     assert redact(text) == f"printf '{written}***{written}'"
+
+
+def test_the_memo_of_short_texts_is_bounded_and_never_changes_an_answer() -> None:
+    from reconciler.redact import MEMO_CHARS, MEMO_ENTRIES
+
+    r = Redactor(SECRETS)
+    for i in range(MEMO_ENTRIES + 100):
+        assert r(f"HF_TOKEN=v{i}") == "HF_TOKEN=***"
+        assert len(r._memo) <= MEMO_ENTRIES
+    for line, expected in CORPUS:  # answered twice: computed, then remembered
+        if len(line) <= MEMO_CHARS:
+            assert r(line) == expected and r(line) == expected
