@@ -6,6 +6,7 @@ document, the README, the commit message and the note."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -136,3 +137,42 @@ def test_everything_logged_is_redacted(caplog: object) -> None:
         record = logging.LogRecord("argus", logging.ERROR, __file__, 1, "job said %s", (WANDB,), sys.exc_info())
     out = formatter.format(record)
     assert "job said ***" in out and "ValueError: failed with ***" in out and WANDB not in out and GH not in out
+
+
+def test_pages_and_api_serve_a_branch_argus_did_not_write_redacted(tmp_path: Path) -> None:
+    """A status branch pushed by someone else (or written before redaction covered it) holds a
+    secret and escapes: the pages, the API and the notes served show neither."""
+    from reconciler.testing.status_branch import commit_files, dump, task_doc
+    from reconciler.web.app import daemon_pages
+
+    bare, sha = _repo(tmp_path)
+    doc = task_doc("mallory", "t", "FAILED", reason=f"leaked {WANDB} \x1b]0;title\x07")
+    doc["runs"][0].update(message=f"HF_TOKEN={HF}", log_tail=[f"token {GH}", "\x1b[2Jclear"])
+    actual = {"jobs": [{"submission_id": "s", "user": "mallory", "task": "t", "status": "FAILED", "message": HF}]}
+    commit_files(
+        str(bare),
+        {
+            "users/mallory/tasks/t.yaml": dump(doc),
+            "actual.json": json.dumps(actual).encode(),
+            "README.md": HF.encode(),
+            "revision.yaml": dump({"revision": {"last_attempted": sha, "last_applied": sha}}),
+        },
+    )
+    git(bare, "notes", "--ref=argus", "add", "-m", f"note {WANDB}", sha)
+    pages = daemon_pages(str(bare), "argus/status", None, secret_values=[WANDB])
+    bodies = []
+    for path in (
+        "/",
+        "/users/mallory/tasks/t",
+        "/api/v1/summary",
+        "/api/v1/objects",
+        "/api/v1/objects/mallory/tasks/t",
+    ):
+        response = pages("GET", path, {})
+        assert response is not None and response.status == 200, path
+        assert isinstance(response.body, bytes)
+        bodies.append(response.body.decode())
+    text = "\n".join(bodies)
+    assert "leaked ***" in text and "note ***" in text  # the document and the note were served, redacted
+    for leak in (WANDB, HF, GH, "\x1b", "\x07"):
+        assert leak not in text, leak
