@@ -228,11 +228,15 @@ class Redactor:
                 if len(value) >= MIN_SECRET_LEN and value.strip():
                     literals.add(value)
                     literals.add(_percent_encoded(value))
+                    visible = strip_controls(value)  # how it reads once control sequences are removed
+                    if len(visible) >= MIN_SECRET_LEN:
+                        literals.add(visible)
         # Longest first, so that a secret containing another is hidden whole. Case-sensitive: a
         # secret is an exact value, and IGNORECASE would make the alternation ~40x slower.
         alternatives = [re.escape(s) for s in sorted(literals, key=lambda s: (-len(s), s))]
         self.secret_count = len(literals)
         literal = re.compile("(?P<literal>" + "|".join(alternatives) + ")")
+        self._literal = literal if alternatives else None
         literal_pass: list[tuple[Markers, re.Pattern[str]]] = [((), literal)] if alternatives else []
         self._passes = tuple(literal_pass) + _COMPILED
         self._memo: dict[str, str] = {}  # short text -> redacted; cleared at MEMO_ENTRIES
@@ -258,6 +262,8 @@ class Redactor:
 
     def _redact(self, text: str) -> str:
         if not text.isprintable():  # fast path: a printable text has no control character
+            if self._literal is not None:  # a secret right after an escape's start is hidden whole
+                text = self._literal.sub(MASK, text)
             text = strip_controls(text)
         text = _hide_key_blocks(text)  # key blocks first: hidden whole, not cut up
         lowered = text.lower()

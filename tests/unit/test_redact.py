@@ -289,9 +289,12 @@ def test_redaction_time_grows_linearly(family: str) -> None:
             best = min(best, time.perf_counter() - start)
         return best
 
-    for _attempt in range(2):  # one retry: the test machine is shared
-        t_small, t_large = seconds(small, 3), seconds(large, 1)
-        if t_large <= max(3 * 10.24 * t_small, 0.25) and t_large < 5.0:
+    # Retries and the 1 s floor absorb a shared, loaded machine; a quadratic pass fails either way
+    # (one whose 100 KiB takes 10 ms takes over 1 s at 1 MiB, and the old key-tail pass took 11.6 s
+    # at 100 KiB).
+    for _attempt in range(3):
+        t_small, t_large = seconds(small, 5), seconds(large, 2)
+        if t_large <= max(3 * 10.24 * t_small, 1.0) and t_large < 5.0:
             return
     pytest.fail(f"{family}: 100 KiB in {t_small:.3f}s, 1 MiB in {t_large:.3f}s")
 
@@ -315,3 +318,21 @@ def test_the_memo_of_short_texts_is_bounded_and_never_changes_an_answer() -> Non
     for line, expected in CORPUS:  # answered twice: computed, then remembered
         if len(line) <= MEMO_CHARS:
             assert r(line) == expected and r(line) == expected
+
+
+@pytest.mark.parametrize(
+    ("before", "secret"),
+    [
+        ("\x1b[", "31abcdefgh"),
+        ("\x1b[", "0123456789ab"),
+        ("\x1b", "Mabcdefgh"),
+        ("\x9b", "2Jabcdefgh"),
+        ("\x1b]0;", "abcdefgh"),
+    ],
+)
+def test_a_known_secret_right_after_an_escapes_start_leaves_no_visible_part(before: str, secret: str) -> None:
+    # Removing the escape would swallow the secret's first characters and leave the rest, which the
+    # literal pass no longer recognises: known secrets are hidden before escapes are removed too.
+    # (What follows an unterminated escape is removed as a terminal would swallow it.)
+    out = Redactor([secret])(f"x {before}{secret} y")
+    assert secret[2:] not in out and out.startswith("x ")
