@@ -114,6 +114,9 @@ _KEY_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY-----", re.IGNORECASE)
 _KEY_BODY_LINE = re.compile(r"[ \t]*[A-Za-z0-9+/=]{16,}[ \t]*\r?")
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # where every sequence starts
+
+
 def strip_controls(text: str) -> str:
     """Return ``text`` without terminal escape sequences and control characters (tab, newline
     and carriage return are kept). Linear in ``len(text)``."""
@@ -261,7 +264,8 @@ class Redactor:
         return self._redact(head) + marker + self._redact(tail)
 
     def _redact(self, text: str) -> str:
-        if not text.isprintable():  # fast path: a printable text has no control character
+        # Fast path: a printable text has no control character; most others only newlines and tabs.
+        if not text.isprintable() and _CONTROL.search(text) is not None:
             if self._literal is not None:  # a secret right after an escape's start is hidden whole
                 text = self._literal.sub(MASK, text)
             text = strip_controls(text)
