@@ -17,6 +17,7 @@ import yaml
 
 from reconciler.plan.actual import FINAL_JOB_STATES
 from reconciler.plan.assess import ObjectStatus
+from reconciler.redact import redact_tree
 from reconciler.spec.types import ObjectKey
 
 MAX_EVENTS = 20
@@ -82,7 +83,7 @@ def object_document(
         doc["spec_id"] = spec_id if spec_id is not None else prev["spec_id"]
     doc["last_transition"] = last_transition
     if spec is not None:  # what argus derived from the file (reconciler.builders.resolved)
-        doc["spec"] = _redacted(spec, redact)
+        doc["spec"] = redact_tree(spec, redact)
     elif "spec" in prev and st.state == "INVALID":
         doc["spec"] = prev["spec"]  # an invalid file keeps what runs: show what was derived for it
     # The admission order survives restarts; it moves only when the object's file changed
@@ -123,16 +124,6 @@ def object_document(
             doc["runs"] = [*kept, *doc["runs"]]
     doc["events"] = events[-MAX_EVENTS:]
     return doc
-
-
-def _redacted(value: Any, redact: Callable[[str], str]) -> Any:
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, Mapping):
-        return {str(k): _redacted(v, redact) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_redacted(v, redact) for v in value]
-    return value
 
 
 def _run(
