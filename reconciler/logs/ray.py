@@ -44,6 +44,8 @@ Redact = Callable[[str], str]
 SECRET_NAMES = frozenset({"WANDB_API_KEY", "HF_TOKEN"})
 REPLICA_LOG_LINES = 30
 REPLICA_LOG_BYTES = 16 * 1024
+# Below the redactor's whole-text cap (reconciler.redact.MAX_TEXT_CHARS, 1 Mi characters).
+REDACT_PIECE = 512 * 1024
 # A follower starts this many lines before the end, as `kubectl logs -f --tail` does.
 FOLLOW_FROM_LINES = 200
 MAX_REPLICAS_SHOWN = 8
@@ -205,7 +207,23 @@ class RayLogs:
             return f"[argus: Ray has no log for {sid} now (HTTP {exc.status})]\n"
         finally:
             self.readers.release(user, client)
-        return found.note(limit) + self.redact(found.text)
+        return found.note(limit) + self._redact_pieces(found.text)
+
+    def _redact_pieces(self, text: str) -> str:
+        """``text`` redacted in pieces of at most :data:`REDACT_PIECE` characters cut at line ends:
+        the redactor cuts a longer text to its first and last half-MiB, and a tail may be 8 MiB. A
+        key block cut in two stays hidden (the redactor hides a BEGIN without END and the body
+        lines before an END)."""
+        out = []
+        start = 0
+        while start < len(text):
+            end = min(len(text), start + REDACT_PIECE)
+            if end < len(text):
+                newline = text.rfind("\n", start, end)
+                end = newline + 1 if newline > start else end
+            out.append(self.redact(text[start:end]))
+            start = end
+        return "".join(out)
 
     def follow_task_log(
         self, user: str, name: str, doc: Mapping[str, Any], run: str | None, *, client: str = ""

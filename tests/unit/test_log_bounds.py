@@ -8,7 +8,7 @@ import io
 from typing import Any
 
 from reconciler.builders.jobs import ownership_proof
-from reconciler.logs.ray import MAX_HELD_CHARS, RayLogs, _sendable
+from reconciler.logs.ray import MAX_HELD_CHARS, RayLogs, _sendable, redactor
 from reconciler.logs.tail import MAX_TAIL_LINES, Tail, read_last
 from reconciler.observe.jobs import TAIL_BYTES, job_log_tail
 
@@ -118,3 +118,16 @@ def test_following_a_run_that_never_started_ends_with_its_state() -> None:
     assert logs.followers.free == logs.max_followers
     # A plain read says plainly that Ray has no log for it.
     assert logs.task_log("ann", "train", DOC, None).startswith(f"[argus: Ray has no log for {SID} now")
+
+
+def test_a_tail_over_the_redactors_cap_is_redacted_whole_in_pieces() -> None:
+    secret = "s3cr3t-value-xyz"
+    pad = b"x" * 580
+    # The last 10,000 lines (what the state API answers), ~6 MB: over the redactor's 1 Mi cap.
+    body = b"".join(b"line %07d %s key %s\n" % (i, pad, secret.encode()) for i in range(MAX_TAIL_LINES))
+    api = StateAPI(body)
+    logs = RayLogs(api, redactor([secret]), ownership_key=KEY)  # type: ignore[arg-type]
+    text = logs.task_log("ann", "train", DOC, None, tail=MAX_TAIL_LINES, limit_bytes=8 * 1024 * 1024)
+    lines = text.splitlines()
+    assert secret not in text and "characters cut" not in text
+    assert len(lines) == MAX_TAIL_LINES and lines[-1] == f"line 0009999 {'x' * 580} key ***"
