@@ -143,10 +143,17 @@ class ModelSpec:
     suspend: bool
     created_at: int  # UTC epoch seconds of the commit that added the file
     line: int = 1  # line of `source`, for messages
+    alias_field: str | None = None  # `served_name:` as written (None: the default alias)
+    alias_line: int = 1  # line of `served_name` (of `source` without one), for messages
 
     @property
     def served_name(self) -> str:
         return served_name(self.key.user, self.key.name, self.created_at)
+
+    @property
+    def alias(self) -> str:
+        """The stable OpenAI name: ``served_name:`` of the file, else ``<user>-<name>``."""
+        return self.alias_field or f"{self.key.user}-{self.key.name}"
 
 
 @dataclass(frozen=True)
