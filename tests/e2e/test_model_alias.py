@@ -131,7 +131,7 @@ def test_another_user_cannot_take_an_alias(env: Env, client: Any) -> None:
     env.repo.commit_push("mal: a model named like ivy's")
     rc, doc, stderr = env.reconcile()
     assert rc == 1, (doc, stderr)
-    errors = [str(e) for e in doc.get("errors", [])]
+    errors = [f"{e['path']}:{e['line']}: {e['message']}" for e in doc.get("errors", [])]
     assert any(e.startswith(f"{path}:") and "must start with 'mal-'" in e for e in errors), errors
     time.sleep(3)  # two router refreshes
     assert app_name(OTHER, "steal") not in observe_serve(env.dash).apps
