@@ -186,10 +186,7 @@ def test_plan_exit_1_on_errors_and_markdown(config: Path, tmp_path: Path) -> Non
 def test_plan_markdown_with_changes(config: Path) -> None:
     md = argus("plan", config, "--offline", "--format", "markdown")
     assert md.returncode == 2
-    assert (
-        "| + | `deploy_model` | `alice/models/chat` | new model alice-202601010000-chat (1 replica) |"
-        in md.stdout
-    )
+    assert "| + | `deploy_model` | `alice/models/chat` | new model alice-202601010000-chat (1 replica) |" in md.stdout
     assert "> **Note:** capacity unknown" in md.stdout
 
 
