@@ -31,7 +31,7 @@ pytestmark = pytest.mark.e2e
 
 USER, OTHER = "ivy", "mal"
 TINY = "argus-test/tiny-llama"
-DEPLOY_TIMEOUT_S = 420.0
+DEPLOY_TIMEOUT_S = 900.0  # two vLLM loads side by side on a loaded 2-core machine
 QUESTION = [{"role": "user", "content": "Say hello"}]
 
 
