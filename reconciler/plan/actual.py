@@ -1,6 +1,6 @@
 """Actual state as plain data: what the observers report and what ``argus plan --actual`` reads.
 
-JSON form (documented in the README)::
+JSON form (documented in docs/users/pr-workflow.md)::
 
     {"models": [{"user": "alice", "name": "chat", "served_name": "alice-202611291200-chat",
                  "spec_hash": "...", "replicas": 1, "ready_replicas": 1, "status": "RUNNING",

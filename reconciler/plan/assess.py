@@ -36,6 +36,7 @@ class ObjectStatus:
     sync: str
     reason: str = ""
     served_name: str | None = None
+    alias: str | None = None  # the stable OpenAI name (models only)
     replicas_desired: int | None = None
     replicas_ready: int | None = None
     gpus: float = 0.0
@@ -55,7 +56,9 @@ class ObjectStatus:
             out["reason"] = self.reason
         if self.key.kind == "model":
             out.update(
-                served_name=self.served_name, replicas={"desired": self.replicas_desired, "ready": self.replicas_ready}
+                served_name=self.served_name,
+                alias=self.alias,
+                replicas={"desired": self.replicas_desired, "ready": self.replicas_ready},
             )
         else:
             out["submission_id"] = self.submission_id
@@ -133,6 +136,7 @@ def _model(
     spec = desired.models.get(key)
     status = ObjectStatus(key, "RUNNING", _sync(key, desired, actions))
     status.served_name = spec.served_name if spec else (live.served_name if live else None)
+    status.alias = spec.alias if spec else None
     status.replicas_desired = spec.replicas if spec else (live.replicas if live else None)
     status.replicas_ready = live.ready_replicas if live else 0
     if live:

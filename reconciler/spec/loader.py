@@ -15,6 +15,7 @@ from typing import Any
 
 from reconciler.errors import Issue
 from reconciler.spec import schema
+from reconciler.spec.aliases import clashes, namespace_problem
 from reconciler.spec.overrides import check_engine_kwargs, check_model_env, check_overrides, field_name
 from reconciler.spec.paths import FileSystem, PathError, resolve_path, resolve_source
 from reconciler.spec.types import (
@@ -233,6 +234,11 @@ def load(
         if file_issues:
             state.invalid[key] = file_issues
             issues.extend(file_issues)
+    for key, (name, holder) in clashes(state.models.values()).items():
+        model = state.models.pop(key)
+        issue = Issue(key.path, model.alias_line, f"served name {name!r} is already used by {holder.key.path}")
+        state.invalid[key] = [issue]
+        issues.append(issue)
     # A long-running daemon: forget what is no longer in the tree before it crowds out what is
     # (not after every load: rebuilding the tables costs what a re-plan after one push costs).
     dead = (
@@ -518,9 +524,20 @@ def _model(
     )
     refused = [(("engine_kwargs", *where), m) for where, m in engine_refused]
     refused += [(("env", *where), m) for where, m in env_refused]
+    alias_field = data.get("served_name")
+    alias_line = doc.line(("served_name",)) if alias_field else line
+    alias = alias_field or f"{key.user}-{key.name}"
+    problem = namespace_problem(alias, key.user, cluster.users or ())
+    found_issues = [_at(doc, where, message) for where, message in refused]
+    if problem and alias_field:
+        found_issues.append(_at(doc, ("served_name",), f"{alias!r} {problem}"))
+    elif problem:
+        found_issues.append(Issue(doc.path, line, f"the default alias {alias!r} {problem}: set `served_name:`"))
     bad_priority = priority_issue(doc, cluster, key.user, "model", data.get("priority"))
-    if refused or bad_priority:
-        return None, [_at(doc, where, message) for where, message in refused] + ([bad_priority] if bad_priority else [])
+    if bad_priority:
+        found_issues.append(bad_priority)
+    if found_issues:
+        return None, found_issues
     model = ModelSpec(
         key=key,
         source=source,
@@ -535,6 +552,8 @@ def _model(
         line=line,
         priority=data.get("priority"),
         min_replicas=data.get("min_replicas"),
+        alias_field=alias_field,
+        alias_line=alias_line,
     )
     found = model_check(model) if model_check is not None else []
     if found:

@@ -223,10 +223,17 @@ class ModelSpec:
     line: int = 1  # line of `source`, for messages
     priority: str | None = None  # priority class; None: the cluster's default for models
     min_replicas: int | None = None  # replicas never preempted; None: the model is never preempted
+    alias_field: str | None = None  # `served_name:` as written (None: the default alias)
+    alias_line: int = 1  # line of `served_name` (of `source` without one), for messages
 
     @property
     def served_name(self) -> str:
         return served_name(self.key.user, self.key.name, self.created_at)
+
+    @property
+    def alias(self) -> str:
+        """The stable OpenAI name: ``served_name:`` of the file, else ``<user>-<name>``."""
+        return self.alias_field or f"{self.key.user}-{self.key.name}"
 
 
 @dataclass(frozen=True)

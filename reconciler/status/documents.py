@@ -73,6 +73,7 @@ def object_document(
     }
     if st.key.kind == "model":
         doc["served_name"] = st.served_name
+        doc["alias"] = st.alias
         doc["endpoint"] = endpoint
         doc["replicas"] = {"desired": st.replicas_desired, "ready": st.replicas_ready}
     else:
