@@ -200,12 +200,16 @@ def _llm_deployment(deployments: dict[str, Any]) -> str | None:
 
 def _alias(app_name: str, llm_config: Any) -> str | None:
     """The alias the model file set (``served_name:``), else ``<user>-<name>`` of the app name."""
+    parts = app_name[len(OWNED_PREFIX) :].split("--")
+    if len(parts) != 2 or not all(parts):
+        return None
     extra = getattr(llm_config, "experimental_configs", None) or {}
     alias = extra.get(ALIAS_KEY) if isinstance(extra, dict) else None
     if isinstance(alias, str) and alias:
-        return alias
-    parts = app_name[len(OWNED_PREFIX) :].split("--")
-    return f"{parts[0]}-{parts[1]}" if len(parts) == 2 and all(parts) else None
+        # Only in the app's own user's namespace: an application PUT by code on the cluster under
+        # alice's app name can never take bob's alias (the loader's rule, enforced here again).
+        return alias if alias.startswith(f"{parts[0]}-") else None
+    return f"{parts[0]}-{parts[1]}"
 
 
 def build_router(args: dict[str, Any] | None = None) -> Application:
