@@ -72,6 +72,6 @@ def markdown(plan: Plan, issues: list[Issue]) -> str:
             "(these objects are kept as they run):",
             "",
         ]
-        out += [f"- `{i.path}:{i.line}` {i.message}" for i in issues]
+        out += [f"- `{i.where}` {i.message}" for i in issues]
         out.append("")
     return "\n".join(out)
