@@ -478,6 +478,7 @@ def _model(
         suspend=bool(data.get("suspend", False)),
         created_at=when,
         line=line,
+        may_wait=bool(data.get("may_wait", False)),
     )
     if model_check is not None:
         # vLLM's table judges only what argus's own rules let through (a refused key is reported once).
@@ -616,7 +617,9 @@ def _task(
         run=raw["run"],
         suspend=bool(data.get("suspend", False)),
         created_at=when,
-        raw={k: v for k, v in raw.items() if k != "suspend"},
+        # Neither says what runs: an unchanged task is not re-run for them.
+        raw={k: v for k, v in raw.items() if k not in ("suspend", "may_wait")},
+        may_wait=bool(data.get("may_wait", False)),
     )
     # A malformed size or epoch count stands at its default here: verl's compose does not judge them.
     if task_check is not None and workload is not None and workload != "command":

@@ -143,6 +143,7 @@ class ModelSpec:
     suspend: bool
     created_at: int  # UTC epoch seconds of the commit that added the file
     line: int = 1  # line of `source`, for messages
+    may_wait: bool = False  # the author accepts UNSCHEDULABLE (the PR check warns, not fails); not hashed
 
     @property
     def served_name(self) -> str:
@@ -172,6 +173,7 @@ class TaskSpec:
     suspend: bool
     created_at: int
     raw: Mapping[str, object] = field(default_factory=dict, compare=False)  # normalised spec, for the hash
+    may_wait: bool = False  # the author accepts UNSCHEDULABLE (the PR check warns, not fails); not hashed
 
     @property
     def gpus(self) -> int:
@@ -194,6 +196,7 @@ class DesiredState:
     cluster_valid: bool = True
     revision: str | None = None
     approve_prune: bool = False
+    skipped: list[str] = field(default_factory=list)  # checks that did not run on it (said by the CLI)
 
     @property
     def object_count(self) -> int:
