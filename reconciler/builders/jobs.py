@@ -214,14 +214,20 @@ def verl_argv(task: TaskSpec, cluster: ClusterSpec, *, run_dir: str, wandb: bool
     return ["python3", "-m", verl_module(task), *verl_overrides(task, cluster, run_folder=run_dir, wandb=wandb)]
 
 
+def set_secrets(secrets_env: Mapping[str, str]) -> dict[str, str]:
+    """The secrets that are set: an empty (or blank) value is unset, not a key. ``.env`` files ship
+    ``WANDB_API_KEY=``; passing it on would turn wandb logging on with an empty key."""
+    return {k: str(v) for k, v in secrets_env.items() if str(v).strip()}
+
+
 def job_env(task: TaskSpec, cluster: ClusterSpec, *, run_folder: str, secrets_env: Mapping[str, str]) -> dict[str, str]:
-    """Return the job's env: cluster env < task env < run folders < secrets (later wins)."""
+    """Return the job's env: cluster env < task env < run folders < secrets that are set (later wins)."""
     return {
         **{k: str(v) for k, v in cluster.env.items()},
         **{k: str(v) for k, v in task.env.items()},
         ENV_RUN_DIR: run_folder,
         ENV_CHECKPOINT_DIR: checkpoint_dir(run_folder),
-        **{k: str(v) for k, v in secrets_env.items()},
+        **set_secrets(secrets_env),
     }
 
 
@@ -287,7 +293,7 @@ def job_submission(
     """
     sid = sid or submission_id(task)
     folder = run_dir(task, cluster, sid)
-    wandb = "WANDB_API_KEY" in secrets_env
+    wandb = "WANDB_API_KEY" in set_secrets(secrets_env)
     runtime_env: dict[str, Any] = {"env_vars": job_env(task, cluster, run_folder=folder, secrets_env=secrets_env)}
     body: dict[str, Any] = {
         "submission_id": sid,
