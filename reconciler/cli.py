@@ -442,16 +442,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     import subprocess
 
-    from reconciler.status.branch import read_documents
+    from reconciler.status.branch import read_documents, tip
     from reconciler.web.text import fetch_status_source
 
-    source, stale = fetch_status_source(args.repo, args.cache_dir, args.status_branch)
+    source, stale, remote = fetch_status_source(args.repo, args.cache_dir, args.status_branch, args.remote)
     if stale:
         print(f"argus: warning: {stale}; showing the last copy fetched, which may be stale", file=sys.stderr)
+    ref: bool | str = remote or True  # the fetched copy first; the daemon's own repository: its branch
+    if tip(source.repo.path, args.status_branch, remote_too=ref) is None:
+        origin = f" on remote {remote!r}" if remote else ""
+        raise ArgusError(
+            f"no status branch {args.status_branch!r}{origin} in {redact_url(args.repo)}: is the daemon running, and "
+            "writing to this remote? (--remote NAME picks another; --status-branch another branch)"
+        )
     if args.format == "actual":
-        from reconciler.status.branch import tip
-
-        head = tip(source.repo.path, args.status_branch, remote_too=True)
+        head = tip(source.repo.path, args.status_branch, remote_too=ref)
         if head is None:
             raise ArgusError(f"no status branch {args.status_branch!r} in {redact_url(args.repo)}")
         proc = subprocess.run(["git", "-C", source.repo.path, "show", f"{head}:actual.json"], capture_output=True)
@@ -459,7 +464,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             raise ArgusError(f"the status branch has no actual.json yet: {proc.stderr.decode().strip()}")
         sys.stdout.write(proc.stdout.decode())
         return 0
-    docs = read_documents(source.repo.path, args.status_branch, remote_too=True)
+    docs = read_documents(source.repo.path, args.status_branch, remote_too=ref)
     if args.target:
         parts = args.target.strip("/").split("/")
         prefix = "users/" + "/".join(
@@ -686,6 +691,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("target", nargs="?", help="user, or user/models/name, user/tasks/name")
     st.add_argument("--repo", default=_env("REPO", "."), help="config repository (default: .) [ARGUS_REPO]")
     st.add_argument("--status-branch", default=_env("STATUS_BRANCH", "argus/status"))
+    st.add_argument(
+        "--remote",
+        metavar="NAME",
+        help="the remote of a clone the status branch is fetched from (default: the current branch's upstream "
+        "remote, else origin, else the only remote)",
+    )
     st.add_argument("--cache-dir", default=_env("CACHE_DIR", os.path.expanduser("~/.cache/argus")))
     st.add_argument(
         "--format",
