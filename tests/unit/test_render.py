@@ -73,7 +73,8 @@ def test_a_model_renders_its_engine_arguments_and_serve_application(repo: Path) 
     assert doc["engine_kwargs"]["max_model_len"] == 4096 and doc["engine_kwargs"]["tensor_parallel_size"] == 1
     app = doc["serve_application"]
     assert app["name"] == "argus--alice--chat"
-    assert app["deployments"] == [{"name": f"LLMServer:{doc['served_name']}", "num_replicas": 1}]
+    ((deployment),) = app["deployments"]
+    assert deployment["name"] == f"LLMServer:{doc['served_name']}" and deployment["num_replicas"] == 1
     assert app["args"]["llm_config"]["placement_group_config"]["bundles"] == [{"GPU": 1.0}]
     assert doc["gpus"] == 1
 
