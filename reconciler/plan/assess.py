@@ -2,7 +2,8 @@
 
 Two separate questions, as in Argo CD: ``state`` is health (what runs: QUEUED, DEPLOYING,
 RUNNING, FAILED, DELETING, STOPPED (``replicas: 0``) for models; QUEUED, SUBMITTED, PENDING,
-RUNNING, SUCCEEDED, FAILED, STOPPED, LOST (Ray forgot it while it ran) for tasks;
+RUNNING, SUCCEEDED, FAILED, STOPPED, LOST (Ray forgot it while it ran), PREEMPTED (stopped to
+make room; it resumes as the next attempt of the same run) for tasks;
 INVALID/SUSPENDED/UNSCHEDULABLE when nothing
 runs), ``sync`` is whether what runs matches git (Synced, OutOfSync, Invalid, Suspended, Held).
 """
@@ -71,6 +72,7 @@ class ObjectStatus:
     submission_id: str | None = None
     runs: list[ActualJob] = field(default_factory=list)
     first_seen: int | None = None  # when the daemon first saw it (UTC epoch s): the admission order
+    preempted_by: str | None = None  # the object this tick stops (or scales down) this one for
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -89,6 +91,8 @@ class ObjectStatus:
             out["submission_id"] = self.submission_id
             out["runs"] = [_run_json(j) for j in self.runs]
         out["gpus"] = self.gpus
+        if self.preempted_by:
+            out["preempted_by"] = self.preempted_by
         return out
 
 
@@ -126,7 +130,19 @@ def assess(
         else:
             out[key] = _task(key, desired, jobs.get(key, []), actions, done)
         out[key].first_seen = plan.first_seen.get(key)
+        preemptor = next((a.preempted_by for a in actions if a.preempted_by is not None and done), None)
+        if preemptor is None and _waiting(out[key]):
+            preemptor = actual.preempted.get(key)
+        if preemptor is not None:
+            out[key].preempted_by = str(preemptor)
     return out
+
+
+def _waiting(status: ObjectStatus) -> bool:
+    """Still waiting to get back what preemption took (a task's run, a model's replicas)."""
+    if status.key.kind == "task":
+        return status.state in ("PREEMPTED", "QUEUED")
+    return (status.replicas_ready or 0) < (status.replicas_desired or 0)
 
 
 def _sync(key: ObjectKey, desired: DesiredState, actions: list[Action]) -> str:

@@ -18,6 +18,8 @@ from reconciler.spec import schema
 from reconciler.spec.overrides import check_engine_kwargs, check_model_env, check_overrides, field_name
 from reconciler.spec.paths import FileSystem, PathError, resolve_path, resolve_source
 from reconciler.spec.types import (
+    GPU,
+    SLOTS,
     Admission,
     ClusterSpec,
     DesiredState,
@@ -25,11 +27,13 @@ from reconciler.spec.types import (
     ModelSpec,
     ObjectKey,
     Paths,
+    Preemption,
     Prune,
     RouterSettings,
     Security,
     Serving,
     TaskSpec,
+    Team,
     Training,
     UserPolicy,
     Workload,
@@ -151,6 +155,9 @@ def load(
                         f"({router.min_replicas})",
                     )
                 ]
+                cluster, cluster_valid = ClusterSpec(), False
+            elif scheduling := scheduling_issues(cluster, cluster_doc):
+                cluster_issues = scheduling
                 cluster, cluster_valid = ClusterSpec(), False
         else:
             cluster_valid = False
@@ -389,7 +396,10 @@ def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
     """Build a ClusterSpec from schema-valid data, applying the documented defaults."""
     users = None
     if "users" in data:
-        users = {u: UserPolicy(gpus=(p or {}).get("gpus")) for u, p in (data["users"] or {}).items()}
+        users = {
+            u: UserPolicy(gpus=(p or {}).get("gpus"), tasks=(p or {}).get("tasks"))
+            for u, p in (data["users"] or {}).items()
+        }
     paths = Paths(**data.get("paths", {}))
     serving_data = dict(data.get("serving", {}))
     if "router" in serving_data:
@@ -406,7 +416,24 @@ def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
         sec["admins"] = tuple(sec["admins"])
     security = Security(**sec)
     admission = Admission(**data.get("admission", {}))
+    teams = {
+        name: Team(
+            name=name,
+            members=tuple(t.get("members", ())),
+            nominal=_quota(t.get("quota")),
+            borrowing_limit=_quota(t.get("borrowing_limit")),
+            lending_limit=_quota(t.get("lending_limit")),
+            weight=float(t.get("weight", 1)),
+            priority_classes=tuple(t["priority_classes"]) if "priority_classes" in t else None,
+        )
+        for name, t in (data.get("teams") or {}).items()
+    }
+    defaults = data.get("default_priority") or {}
     return ClusterSpec(
+        teams=teams,
+        priority_classes={k: int(v) for k, v in (data.get("priority_classes") or {}).items()},
+        default_priority={kind: defaults[kind + "s"] for kind in ("model", "task") if kind + "s" in defaults},
+        preemption=Preemption(**data.get("preemption", {})),
         users=users,
         paths=paths,
         serving=serving,
@@ -416,6 +443,51 @@ def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
         security=security,
         admission=admission,
     )
+
+
+def _quota(data: Mapping[str, Any] | None) -> dict[str, float]:
+    """cluster.yaml's ``{gpus, tasks}`` as quota resources."""
+    names = {"gpus": GPU, "tasks": SLOTS}
+    return {names[k]: float(v) for k, v in (data or {}).items()}
+
+
+def scheduling_issues(cluster: ClusterSpec, doc: Document) -> list[Issue]:
+    """Cross-references of teams and priority classes the schema cannot check, as path:line issues."""
+    out: list[Issue] = []
+    classes = cluster.priority_classes
+    seen: dict[str, str] = {}
+    for name, team in sorted(cluster.teams.items()):
+        for i, member in enumerate(team.members):
+            where = ("teams", name, "members", i)
+            if cluster.users is not None and member not in cluster.users:
+                out.append(_at(doc, where, f"user {member!r} is not declared under `users:`"))
+            elif member in seen:
+                out.append(_at(doc, where, f"user {member!r} is already a member of team {seen[member]!r}"))
+            else:
+                seen[member] = name
+        for i, cls in enumerate(team.priority_classes or ()):
+            if cls not in classes:
+                out.append(_at(doc, ("teams", name, "priority_classes", i), f"no priority class {cls!r}"))
+    for kind, cls in sorted(cluster.default_priority.items()):
+        if cls not in classes:
+            out.append(_at(doc, ("default_priority", kind + "s"), f"no priority class {cls!r}"))
+    return out
+
+
+def priority_issue(doc: Document, cluster: ClusterSpec, user: str, kind: str, chosen: object) -> Issue | None:
+    """Why ``user`` may not run an object of ``kind`` at priority ``chosen`` (her own or the default), else None."""
+    name = chosen if isinstance(chosen, str) else cluster.default_priority.get(kind)
+    if name is None:
+        return None
+    where: tuple[str | int, ...] = ("priority",) if isinstance(chosen, str) else ("kind",)
+    if name not in cluster.priority_classes:
+        known = ", ".join(sorted(cluster.priority_classes)) or "none are declared"
+        return _at(doc, where, f"no priority class {name!r} in cluster.yaml ({known})")
+    team = cluster.teams.get(cluster.team_of(user))
+    if team is not None and team.priority_classes is not None and name not in team.priority_classes:
+        allowed = ", ".join(team.priority_classes) or "none"
+        return _at(doc, where, f"team {team.name!r} may not use priority class {name!r} (it may use: {allowed})")
+    return None
 
 
 def _model(
@@ -466,6 +538,9 @@ def _model(
     refused = [(("engine_kwargs", *where), m) for where, m in engine_refused]
     refused += [(("env", *where), m) for where, m in env_refused]
     issues.extend(_at(doc, where, message) for where, message in refused)
+    bad_priority = priority_issue(doc, cluster, key.user, "model", data.get("priority"))
+    if bad_priority:
+        issues.append(bad_priority)
     model = ModelSpec(
         key=key,
         source=source or "",
@@ -479,6 +554,8 @@ def _model(
         created_at=when,
         line=line,
         may_wait=bool(data.get("may_wait", False)),
+        priority=data.get("priority"),
+        min_replicas=data.get("min_replicas"),
     )
     if model_check is not None:
         # vLLM's table judges only what argus's own rules let through (a refused key is reported once).
@@ -530,7 +607,7 @@ TASK_DEFAULTS: dict[str, Any] = {"nodes": 1, "gpus_per_node": 1, "env": {}, "run
 TRAINER_DEFAULTS: dict[str, Any] = {"epochs": 1, "overrides": []}
 
 
-INTEGER_FIELDS = ("replicas", "gpus_per_replica", "nodes", "gpus_per_node", "epochs", "steps", "run")
+INTEGER_FIELDS = ("replicas", "min_replicas", "gpus_per_replica", "nodes", "gpus_per_node", "epochs", "steps", "run")
 
 
 def _integral(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -595,6 +672,9 @@ def _task(
         allow_trust_remote_code=cluster.serving.allow_trust_remote_code,
     )
     issues.extend(_at(doc, ("overrides", kept[i]), message) for i, message in refused)
+    bad_priority = priority_issue(doc, cluster, key.user, "task", data.get("priority"))
+    if bad_priority:
+        issues.append(bad_priority)
     refused_at = {i for i, _ in refused}
     # verl composes only what argus's own rules accept (each problem is reported once).
     composed = [n for n in range(len(kept)) if n not in refused_at]
@@ -617,9 +697,10 @@ def _task(
         run=raw["run"],
         suspend=bool(data.get("suspend", False)),
         created_at=when,
-        # Neither says what runs: an unchanged task is not re-run for them.
-        raw={k: v for k, v in raw.items() if k not in ("suspend", "may_wait")},
+        # None of them says what runs (`priority` is scheduling): changing them never re-runs the task.
+        raw={k: v for k, v in raw.items() if k not in ("suspend", "may_wait", "priority")},
         may_wait=bool(data.get("may_wait", False)),
+        priority=data.get("priority"),
     )
     # A malformed size or epoch count stands at its default here: verl's compose does not judge them.
     if task_check is not None and workload is not None and workload != "command":

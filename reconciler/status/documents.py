@@ -90,6 +90,10 @@ def object_document(
     first_seen = _iso(st.first_seen) if st.first_seen is not None else prev.get("first_seen")
     if first_seen:
         doc["first_seen"] = first_seen
+    # Which object it was preempted for, while it waits to resume (the planner never readmits
+    # it ahead of that object): the assessment sets it only then.
+    if st.preempted_by:
+        doc["preempted_by"] = st.preempted_by
     if st.key.kind == "task":
         # The runs are the durable record of what ran (reconciler/observe/runs.py): a run Ray
         # forgot keeps what was recorded about it (times, log tail) from the previous document.

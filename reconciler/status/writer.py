@@ -313,6 +313,11 @@ class StatusWriter:
                 revisions["last_applied"] = report.revision
             root["subject"] = self.redact(report.subject)
         root["revision"] = revisions
+        # Each team's quota use once the tick's plan is applied (the page's per-team view).
+        if report.plan is not None and report.plan.teams:
+            root["teams"] = report.plan.teams
+        elif report.plan is not None:
+            root.pop("teams", None)
         if report.source_error:
             root["source_error"] = self.redact(report.source_error)
         else:

@@ -81,6 +81,7 @@ class Derived:
     revisions: view.Revisions
     users: list[str]
     states: Counter[str]
+    teams: list[view.TeamRow]
 
 
 def environment() -> jinja2.Environment:
@@ -162,6 +163,7 @@ def build_handler(
             revisions=view.revisions(snap.root, snap.docs),
             users=sorted({r.user for r in rows}),
             states=Counter(r.state for r in rows),
+            teams=view.teams(snap.root),
         )
 
     def page(template: str, status: int = 200, **context: Any) -> Response:
@@ -195,6 +197,7 @@ def build_handler(
                 "queued": dict(d.capacity.queued),
                 "queued_objects": d.capacity.queued_objects,
             },
+            "teams": [t.__dict__ for t in d.teams],
             "objects": len(d.rows),
             "states": dict(d.states),
             "users": len(d.users),
