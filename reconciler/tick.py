@@ -144,7 +144,7 @@ class Reconciler:
         self.secrets_env = (
             dict(secrets_env)
             if secrets_env is not None
-            else {k: os.environ[k] for k in SECRET_ENV_NAMES if k in os.environ}
+            else {k: os.environ[k] for k in SECRET_ENV_NAMES if os.environ.get(k, "").strip()}  # empty = unset
         )
         self.task_check = task_check if task_check is not None else default_task_check()
         self.model_check = model_check if model_check is not None else default_model_check()

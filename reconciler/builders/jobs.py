@@ -217,6 +217,12 @@ def verl_argv(task: TaskSpec, cluster: ClusterSpec, *, run_dir: str, wandb: bool
     return ["python3", "-m", verl_module(task), *verl_overrides(task, cluster, run_folder=run_dir, wandb=wandb)]
 
 
+def set_secrets(secrets_env: Mapping[str, str]) -> dict[str, str]:
+    """The secrets that are set: an empty (or blank) value is unset, not a key. ``.env`` files ship
+    ``WANDB_API_KEY=``; passing it on would turn wandb logging on with an empty key."""
+    return {k: str(v) for k, v in secrets_env.items() if str(v).strip()}
+
+
 def job_env(
     task: TaskSpec,
     cluster: ClusterSpec,
@@ -225,7 +231,7 @@ def job_env(
     secrets_env: Mapping[str, str],
     resume_folder: str | None = None,
 ) -> dict[str, str]:
-    """Return the job's env: cluster env < task env < run folders < secrets (later wins).
+    """Return the job's env: cluster env < task env < run folders < secrets that are set (later wins).
     ``resume_folder``: the preempted attempt's run folder this attempt resumes from."""
     resume = {ENV_RESUME: "1", ENV_RESUME_DIR: resume_folder} if resume_folder else {}
     return {
@@ -234,7 +240,7 @@ def job_env(
         ENV_RUN_DIR: run_folder,
         ENV_CHECKPOINT_DIR: checkpoint_dir(run_folder),
         **resume,
-        **{k: str(v) for k, v in secrets_env.items()},
+        **set_secrets(secrets_env),
     }
 
 
@@ -310,7 +316,7 @@ def job_submission(
     sid = sid or submission_id(task)
     folder = run_dir(task, cluster, sid)
     resume_folder = run_dir(task, cluster, resume_from) if resume_from else None
-    wandb = "WANDB_API_KEY" in secrets_env
+    wandb = "WANDB_API_KEY" in set_secrets(secrets_env)
     env = job_env(task, cluster, run_folder=folder, secrets_env=secrets_env, resume_folder=resume_folder)
     runtime_env: dict[str, Any] = {"env_vars": env}
     body: dict[str, Any] = {

@@ -10,6 +10,7 @@ runs), ``sync`` is whether what runs matches git (Synced, OutOfSync, Invalid, Su
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from reconciler.plan.actions import Action, ActionType, Plan
@@ -25,6 +26,35 @@ SERVE_TO_STATE = {
     "UNHEALTHY": "FAILED",
     "DELETING": "DELETING",
 }
+
+
+# Ray's message for a failed entrypoint: this header, then the log's last lines (its first ones
+# are Ray's own: "Runtime env is setting up.", "Running entrypoint for job ...").
+_LOGS_HEADER = ", last available logs (truncated to 20,000 chars):"
+# The line of a log that names the error: a Python exception (`ValueError: ...`, `torch.OutOfMemoryError`),
+# or a line that says it is one.
+_ERROR_LINE = re.compile(
+    r"^(?:[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure)\b|(?:error|fatal|killed)\b)", re.IGNORECASE
+)
+_ACTOR_PREFIX = re.compile(r"^\([^()]{1,200}\)\s*")
+_RAY_NOISE = ("Runtime env is setting up", "Running entrypoint for job")
+REASON_CHARS = 500
+
+
+def failure_reason(message: str) -> str:
+    """A failed run's reason: the error its log ends with (``ValueError: ...``), then Ray's first
+    line (``Job entrypoint command failed with exit code 1``); ``message`` itself when it is not
+    Ray's log-tail form. At most :data:`REASON_CHARS` characters (the whole message stays in the run)."""
+    head, found, logs = message.partition(_LOGS_HEADER)
+    if not found:
+        return message[:REASON_CHARS]
+    # Ray prefixes a worker's lines with its actor and pid: `(TaskRunner pid=4711) ValueError: ...`.
+    lines = [_ACTOR_PREFIX.sub("", line.strip()) for line in logs.splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith(_RAY_NOISE)]
+    errors = [line for line in lines if _ERROR_LINE.match(line)]
+    error = errors[-1] if errors else (lines[-1] if lines else "")
+    reason = f"{error} ({head.strip()})" if error else head.strip()
+    return reason[:REASON_CHARS]
 
 
 @dataclass
@@ -188,7 +218,8 @@ def _task(
     elif jobs:
         current = jobs[-1]
     if current is not None:
-        status.state, status.submission_id, status.reason = current.status, current.submission_id, current.message
+        status.state, status.submission_id = current.status, current.submission_id
+        status.reason = failure_reason(current.message) if current.status == "FAILED" else current.message
         status.gpus = current.committed().get("GPU", 0.0)
     if submit is not None and done:
         status.state, status.submission_id = "SUBMITTED", submit.submission_id

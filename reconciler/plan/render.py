@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
 from reconciler.errors import Issue
 from reconciler.plan.actions import ActionType, Plan
+from reconciler.spec.types import DesiredState, ObjectKey
 
 SYMBOL = {
     ActionType.DEPLOY_MODEL: "+",
@@ -48,10 +50,15 @@ def summary(plan: Plan) -> str:
     return " ".join(parts)
 
 
-def text(plan: Plan, issues: list[Issue]) -> str:
+def text(plan: Plan, issues: list[Issue], desired: DesiredState | None = None) -> str:
+    """The plan as text: one line per action; with ``desired``, a second line with the GPUs each
+    object takes and the paths argus resolved for it."""
     lines = []
     for a in plan.actions:
         lines.append(f"{SYMBOL[a.type]} {a.type.value:<13} {a.key!s:<40} {a.reason}")
+        detail = _detail(desired, a.key) if desired is not None and a.type not in _GONE else None
+        if detail:
+            lines.append(f"    {detail}")
     for note in plan.notes:
         lines.append(f"! {note}")
     for issue in issues:
@@ -80,7 +87,33 @@ def fmt_quota(team: dict[str, object], field: str) -> str:
     return ", ".join(shown) or "0"
 
 
-def markdown(plan: Plan, issues: list[Issue]) -> str:
+# Actions after which the object takes nothing: no GPUs or paths to show.
+_GONE = frozenset({ActionType.DELETE_MODEL, ActionType.STOP_MODEL, ActionType.STOP_TASK})
+
+
+def _detail(desired: DesiredState, key: ObjectKey) -> str | None:
+    """``2 GPU (2 replicas x 1) · source /private/...`` or ``1 GPU · model ... · data ...``; None when
+    ``key`` is not a loaded object of ``desired``."""
+    model = desired.models.get(key)
+    if model is not None:
+        source = model.source_path or (f"task:{model.source_task}'s newest checkpoint" if model.source_task else None)
+        where = source or f"{model.source} (resolved on the cluster)"
+        gpus = model.replicas * model.gpus_per_replica
+        return f"{gpus} GPU ({model.replicas} replicas x {model.gpus_per_replica}) · source {where}"
+    task = desired.tasks.get(key)
+    if task is None:
+        return None
+    parts = [f"{task.gpus} GPU ({task.nodes} nodes x {task.gpus_per_node})"]
+    if task.workload == "command":
+        parts.append(f"working_dir {task.working_dir}" if task.working_dir else "command")
+    else:
+        parts.append(f"model {task.model_path or f'{task.model} (resolved on the cluster)'}")
+        parts.append(f"data {', '.join(p for p in (task.data_train, task.data_val) if p)}")
+    return " · ".join(parts)
+
+
+def markdown(plan: Plan, issues: list[Issue], *, warnings: Sequence[str] = (), not_checked: Sequence[str] = ()) -> str:
+    """The plan as a pull-request comment: actions, notes, every error, warnings, and what was not checked."""
     out = ["### argus plan", "", summary(plan), ""]
     if plan.actions:
         out += ["| | action | object | reason |", "|---|---|---|---|"]
@@ -102,6 +135,10 @@ def markdown(plan: Plan, issues: list[Issue]) -> str:
             "(these objects are kept as they run):",
             "",
         ]
-        out += [f"- `{i.path}:{i.line}` {i.message}" for i in issues]
+        out += [f"- `{i.where}` {i.message}" for i in issues]
         out.append("")
+    if warnings:
+        out += ["**Warnings:**", ""] + [f"- {w}" for w in warnings] + [""]
+    if not_checked:
+        out += ["**Not checked by this run:**", ""] + [f"- {n}" for n in not_checked] + [""]
     return "\n".join(out)

@@ -225,6 +225,7 @@ class ModelSpec:
     min_replicas: int | None = None  # replicas never preempted; None: the model is never preempted
     alias_field: str | None = None  # `served_name:` as written (None: the default alias)
     alias_line: int = 1  # line of `served_name` (of `source` without one), for messages
+    may_wait: bool = False  # the author accepts UNSCHEDULABLE (the PR check warns, not fails); not hashed
 
     @property
     def served_name(self) -> str:
@@ -260,6 +261,7 @@ class TaskSpec:
     created_at: int
     raw: Mapping[str, object] = field(default_factory=dict, compare=False)  # normalised spec, for the hash
     priority: str | None = None  # priority class; None: the cluster's default for tasks
+    may_wait: bool = False  # the author accepts UNSCHEDULABLE (the PR check warns, not fails); not hashed
 
     @property
     def gpus(self) -> int:
@@ -282,6 +284,7 @@ class DesiredState:
     cluster_valid: bool = True
     revision: str | None = None
     approve_prune: bool = False
+    skipped: list[str] = field(default_factory=list)  # checks that did not run on it (said by the CLI)
 
     @property
     def object_count(self) -> int:

@@ -25,9 +25,15 @@ AUTHOR = {
 }
 
 
-def tip(repo: str, branch: str, *, remote_too: bool = False) -> str | None:
-    """The commit of ``branch`` (or, with ``remote_too``, of ``origin/<branch>``); None if absent."""
-    refs = [f"refs/heads/{branch}"] + ([f"refs/remotes/origin/{branch}"] if remote_too else [])
+def tip(repo: str, branch: str, *, remote_too: bool | str = False) -> str | None:
+    """The commit of ``branch`` (or, with ``remote_too``, of ``origin/<branch>``); None if absent.
+
+    ``remote_too`` a remote's name: ``<remote>/<branch>`` first (the copy just fetched from where the
+    daemon writes), then the local branch."""
+    if isinstance(remote_too, str):
+        refs = [f"refs/remotes/{remote_too}/{branch}", f"refs/heads/{branch}"]
+    else:
+        refs = [f"refs/heads/{branch}"] + ([f"refs/remotes/origin/{branch}"] if remote_too else [])
     for ref in refs:
         out = subprocess.run(
             ["git", "-C", repo, "rev-parse", "--verify", "--quiet", ref], capture_output=True, text=True
@@ -37,7 +43,7 @@ def tip(repo: str, branch: str, *, remote_too: bool = False) -> str | None:
     return None
 
 
-def read_documents(repo: str, branch: str, *, remote_too: bool = False) -> dict[str, dict[str, Any]]:
+def read_documents(repo: str, branch: str, *, remote_too: bool | str = False) -> dict[str, dict[str, Any]]:
     """Return the status documents (path -> mapping) on ``branch``; empty when it does not exist."""
     head = tip(repo, branch, remote_too=remote_too)
     if head is None:

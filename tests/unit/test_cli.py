@@ -78,7 +78,9 @@ def test_validate_the_example_passes() -> None:
 def test_validate_the_example_json() -> None:
     proc = argus("validate", EXAMPLE, "--offline", "--format", "json")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == {"errors": [], "objects": example_objects(), "warnings": []}
+    out = json.loads(proc.stdout)
+    assert out.pop("not_checked")[0].startswith("--offline: ")
+    assert out == {"errors": [], "objects": example_objects(), "warnings": []}
 
 
 def test_validate_without_offline_falls_back_when_the_roots_are_absent(tmp_path: Path) -> None:
@@ -115,7 +117,7 @@ def test_validate_json_shape(config: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr == ""
     out = json.loads(proc.stdout)
-    assert set(out) == {"errors", "objects", "warnings"}
+    assert set(out) == {"errors", "objects", "warnings", "not_checked"}
     assert out["objects"] == example_objects(config)
     assert all(set(e) == {"path", "line", "message"} for e in out["errors"])
     assert all(isinstance(e["line"], int) for e in out["errors"])
@@ -254,19 +256,28 @@ def test_a_folder_that_is_not_a_config_repository_is_an_error(config: Path) -> N
     assert argus("validate", "--offline", cwd=config).returncode == 0
 
 
-def test_validate_warns_about_requests_above_the_quota(config: Path) -> None:
+def test_validate_fails_a_request_above_the_quota_unless_it_may_wait(config: Path) -> None:
     (config / "users/alice/tasks").mkdir(exist_ok=True)
-    (config / "users/alice/tasks/big.yaml").write_text(
-        "kind: Task\nworkload: command\ncommand: python train.py\ngpus_per_node: 4\n"
-    )
+    big = config / "users/alice/tasks/big.yaml"
+    big.write_text("kind: Task\nworkload: command\ncommand: python train.py\ngpus_per_node: 4\n")
     proc = argus("validate", config, "--offline")
-    assert proc.returncode == 0, proc.stderr  # a warning, not an error: the file is valid
+    assert proc.returncode == 1, proc.stderr  # it can never run as written: the PR check fails
+    assert (
+        "users/alice/tasks/big.yaml: needs 4 GPU but alice's quota is 2 GPUs: it can never run as written "
+        "(UNSCHEDULABLE); ask for less, or set `may_wait: true`" in proc.stderr
+    )
+    data = json.loads(argus("validate", config, "--offline", "--format", "json").stdout)
+    assert len(data["errors"]) == 1 and data["warnings"] == []
+    big.write_text(big.read_text() + "may_wait: true\n")  # the author says it should wait: a warning
+    proc = argus("validate", config, "--offline")
+    assert proc.returncode == 0, proc.stderr
     assert (
         "warning: users/alice/tasks/big.yaml: needs 4 GPU but alice's quota is 2 GPUs: it will be UNSCHEDULABLE"
         in proc.stderr
     )
     data = json.loads(argus("validate", config, "--offline", "--format", "json").stdout)
     assert data["errors"] == [] and len(data["warnings"]) == 1
+    assert argus("plan", config, "--offline").returncode == 2  # changes pending, no error
 
 
 def test_plan_with_a_malformed_actual_state(config: Path, tmp_path: Path) -> None:
