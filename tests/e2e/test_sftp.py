@@ -498,13 +498,15 @@ def test_sync_accounts_never_follows_a_link_as_root(service: Service) -> None:
     homes = service.chroot / "users"
     assert homes.stat().st_uid == 0 and homes.stat().st_mode & 0o7777 == 0o711, "the homes' parent is root's"
     # uid 1000 cannot create or swap entries in the homes' parent (it could with a 1000-owned parent).
-    planted = as_ray_worker("ln", "-s", str(victim), str(homes / service.users["carol"]))
+    # A user nobody made yet (the fixture deletes the accounts of every name in service.users).
+    service.users["dave"] = service.users["carol"].replace("carol", "dave")
+    planted = as_ray_worker("ln", "-s", str(victim), str(homes / service.users["dave"]))
     assert planted.returncode != 0, "a Ray job could plant a link next to the homes"
-    # A link there anyway (left by an older image, whose homes' parent uid 1000 owned), then carol's key.
-    os.symlink(victim, homes / service.users["carol"])
+    # A link there anyway (left by an older image, whose homes' parent uid 1000 owned), then dave's key.
+    os.symlink(victim, homes / service.users["dave"])
     inner = service.home("alice") / "link"
     os.symlink(victim, inner)  # inside a home: sync-accounts never touches a home's contents
-    service.authorize("carol", service.new_key("carol"))
+    service.authorize("dave", service.new_key("dave"))
     proc = subprocess.run(
         [str(service.root / "bin" / "sync-accounts")], env=service.env, capture_output=True, text=True
     )
@@ -512,6 +514,6 @@ def test_sync_accounts_never_follows_a_link_as_root(service: Service) -> None:
     st = victim.stat()
     assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (0, 0, 0o600), "root followed a link"
     assert victim.read_text() == "root's\n"
-    carol = service.home("carol")
-    assert carol.is_dir() and not carol.is_symlink() and carol.stat().st_mode & 0o7777 == 0o2770
+    dave = service.home("dave")
+    assert dave.is_dir() and not dave.is_symlink() and dave.stat().st_mode & 0o7777 == 0o2770
     assert inner.is_symlink() and os.lstat(inner).st_uid == 0
