@@ -698,6 +698,14 @@ def _source_args(p: argparse.ArgumentParser) -> None:
         help="Ray dashboard address (default: http://127.0.0.1:8265) [ARGUS_RAY]",
     )
     p.add_argument(
+        "--serve-url",
+        default=_env("SERVE_URL", "auto"),
+        metavar="URL|auto|off",
+        help="where models are asked for one real answer before they count as RUNNING: the Serve HTTP proxy "
+        "(default auto: the dashboard's host at cluster.yaml's serving.http_port; off: trust Serve's status) "
+        "[ARGUS_SERVE_URL]",
+    )
+    p.add_argument(
         "--cache-dir",
         default=_env("CACHE_DIR", os.path.expanduser("~/.cache/argus")),
         help="where remote repositories are mirrored and the daemon keeps its state [ARGUS_CACHE_DIR]",
@@ -755,6 +763,7 @@ def _reconciler(args: argparse.Namespace, source: Any) -> Any:
         signing=signing,
         state_dir=state_dir,
         ownership_key=load_or_create_key(state_dir),  # ARGUS_OWNERSHIP_KEY, else <state dir>/ownership.key
+        serve_url=None if args.serve_url == "off" else ("" if args.serve_url == "auto" else args.serve_url),
     )
 
 

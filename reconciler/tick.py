@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -34,6 +35,7 @@ from reconciler.errors import ApplyFailed, ArgusError, Issue, PermanentError, Ra
 from reconciler.fscache import CachedFS
 from reconciler.observe.capacity import observe_capacity
 from reconciler.observe.jobs import ForeignJob, observe_job_records
+from reconciler.observe.probe import ModelProber
 from reconciler.observe.runs import recorded_runs
 from reconciler.observe.serve import ServeObservation, observe_serve
 from reconciler.plan.actions import ActionType, Plan
@@ -127,11 +129,14 @@ class Reconciler:
         ownership_key: bytes | None = None,
         status_docs: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None,
         record_runs: RecordRuns | None = None,
+        serve_url: str | None = None,
     ) -> None:
         """``ownership_key`` signs and proves argus's jobs (default: ``load_or_create_key`` in
         :func:`default_state_dir`); ``status_docs`` returns the status branch's documents (the run
         records; default: read the branch); ``record_runs`` records runs before they are submitted
-        (the daemon's status writer; None: not recorded ahead, as in a one-off ``argus reconcile``)."""
+        (the daemon's status writer; None: not recorded ahead, as in a one-off ``argus reconcile``);
+        ``serve_url``: the Serve HTTP proxy where models are asked for a real answer before they count as
+        RUNNING ("": the dashboard's host at ``serving.http_port``; None: Serve's status alone)."""
         self.source = source
         self.branch = branch
         self.dash = dash
@@ -162,6 +167,8 @@ class Reconciler:
         )
         self.status_docs = status_docs or (lambda: read_documents(source.repo.path, STATUS_BRANCH, remote_too=True))
         self.record_runs = record_runs
+        self.serve_url = serve_url
+        self._prober: ModelProber | None = None
         self.backoff = Backoff()
         self._retrying: dict[tuple[ObjectKey, str | None], str] = {}
         self._checkpoints: dict[str, str | None] = {}
@@ -266,11 +273,23 @@ class Reconciler:
         return capacity
 
     # -- observe ------------------------------------------------------------------------
-    def observe(self, paths: Paths | None = None) -> tuple[ActualState, ServeObservation]:
+    def _model_prober(self, http_port: int) -> ModelProber | None:
+        """The prober of this Serve endpoint (one, kept between ticks: it owns the verdicts)."""
+        if self.serve_url is None:
+            return None
+        url = self.serve_url or _serve_url_beside(self.dash.base_url, http_port)
+        if self._prober is None or self._prober.serve_url != url.rstrip("/"):
+            self._prober = ModelProber(url)
+        return self._prober
+
+    def observe(self, paths: Paths | None = None, http_port: int | None = None) -> tuple[ActualState, ServeObservation]:
         """Observe Serve, Jobs (argus's proven ones), capacity, and the runs the status branch
-        recorded. ``paths``: the cluster's paths, to find checkpoints (None: not looked up).
-        Raises RayUnavailable (apply nothing then)."""
+        recorded. ``paths``: the cluster's paths, to find checkpoints (None: not looked up);
+        ``http_port``: Serve's port, where models Serve calls RUNNING are asked for an answer
+        (None: not asked). Raises RayUnavailable (apply nothing then)."""
         serve = observe_serve(self.dash)
+        prober = self._model_prober(http_port) if http_port is not None else None
+        models = prober.check(serve.models, serve.apps, serve.replica_ids) if prober else dict(serve.models)
         jobs = observe_job_records(self.dash, self.ownership_key, paths, self._checkpoints)
         capacity = self._capacity()
         self.foreign = jobs.foreign
@@ -283,7 +302,7 @@ class Reconciler:
         known = {j.submission_id for j in jobs.owned}
         records = recorded_runs(self.status_docs(), paths, skip=known, memo=self._checkpoints)
         actual = ActualState(
-            models=dict(serve.models),
+            models=models,
             jobs=jobs.owned,
             capacity=capacity,
             recorded_runs=records,
@@ -300,7 +319,7 @@ class Reconciler:
         commit_time = 0
         if desired is None:
             desired, revision, commit_time = self.load()
-        actual, serve = self.observe(desired.cluster.paths)
+        actual, serve = self.observe(desired.cluster.paths, desired.cluster.serving.http_port)
         if not self._first_seen_seeded:  # a restart keeps the admission order the branch recorded
             docs = self.status_docs()
             self.first_seen = {**first_seen_of(docs), **self.first_seen}
@@ -557,6 +576,14 @@ class Reconciler:
             log.error("apply failed unexpectedly", exc_info=exc)
             return f"internal error: {exc!r}"
         return None
+
+
+def _serve_url_beside(dashboard_url: str, http_port: int) -> str:
+    """The Serve proxy on the dashboard's host: ``http://<host>:<http_port>``."""
+    parts = urllib.parse.urlsplit(dashboard_url)
+    host = parts.hostname or "127.0.0.1"
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme or 'http'}://{host}:{http_port}"
 
 
 def _key_of(path: str) -> ObjectKey | None:

@@ -47,6 +47,10 @@ class ActualModel:
     message: str = ""
     resources_per_replica: Resources = field(default_factory=dict)
     spec: Mapping[str, Any] | None = None  # the spec fields it was deployed with (field-level diffs)
+    # What a real request through the endpoint found (reconciler.observe.probe); the defaults say
+    # nothing was asked, and then Serve's status stands alone.
+    awaiting_answer: bool = False  # Serve says RUNNING, but no answer came yet for these replicas
+    answer_error: str = ""  # the endpoint's error answer (the engine's exception), when it failed
 
     def placed(self) -> dict[str, float]:
         """Resources Ray already counts as used by this model (its running replicas)."""

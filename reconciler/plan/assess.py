@@ -123,6 +123,14 @@ def _model(
         status.gpus = live.committed().get("GPU", 0.0)
         status.state = SERVE_TO_STATE.get(live.status, live.status)
         status.reason = live.message
+        if status.state == "RUNNING" and live.awaiting_answer:
+            status.state = "DEPLOYING"
+            why = f": {live.answer_error}" if live.answer_error else ""
+            status.reason = f"replicas started, waiting for the first answer{why}"
+        elif status.state == "RUNNING" and live.answer_error:
+            # Serve's health check has not caught it yet: the endpoint's error is the truth.
+            status.state = "FAILED"
+            status.reason = f"does not answer ({live.answer_error}); Serve replaces a replica whose engine died"
     reasons = [a.reason for a in actions]
     kinds = {a.type for a in actions}
     if done and kinds & {ActionType.DELETE_MODEL, ActionType.STOP_MODEL}:
