@@ -312,7 +312,7 @@ def test_worker_driver_slots_follow_the_gpu_count(tmp_path: Path) -> None:
     fake.chmod(0o755)
 
     def args(**env: str) -> list[str]:
-        full = {"PATH": f"{tmp_path}:/usr/bin:/bin", **env}
+        full = {"PATH": f"{tmp_path}:/usr/bin:/bin", "ARGUS_HEAD_WAIT_S": "0", **env}
         proc = subprocess.run(["bash", str(NODE / "argus-node"), "worker"], env=full, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.splitlines()
@@ -323,7 +323,7 @@ def test_worker_driver_slots_follow_the_gpu_count(tmp_path: Path) -> None:
     assert "--num-cpus=2" in args(ARGUS_WORKER_GPUS="2", ARGUS_WORKER_CPUS="2")
     bad = subprocess.run(
         ["bash", str(NODE / "argus-node"), "worker"],
-        env={"PATH": f"{tmp_path}:/usr/bin:/bin", "ARGUS_WORKER_GPUS": '1}, "CPU": 99'},
+        env={"PATH": f"{tmp_path}:/usr/bin:/bin", "ARGUS_HEAD_WAIT_S": "0", "ARGUS_WORKER_GPUS": '1}, "CPU": 99'},
         capture_output=True,
         text=True,
     )
