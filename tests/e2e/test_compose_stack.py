@@ -187,10 +187,14 @@ def test_images_and_services(env: Env) -> None:
     sizes = env.stack.daemon.docker("image", "ls", "--format", "{{.Repository}}:{{.Tag}} {{.Size}}").stdout
     for image in ("argus-ray-node:cpu", "argus-git-server:latest", "argus-sftp:latest"):
         assert image in sizes, sizes
-    nodes = env.stack.dashboard("/nodes?view=summary")
     print("images:", sizes, file=sys.stderr)
-    alive = [n for n in nodes["data"]["summary"] if n.get("raylet", {}).get("state") == "ALIVE"]
-    assert len(alive) == 3, "the head and two workers joined with the Ray auth token"
+
+    def alive() -> int:
+        nodes = env.stack.dashboard("/nodes?view=summary")["data"]["summary"]
+        return len([n for n in nodes if n.get("raylet", {}).get("state") == "ALIVE"])
+
+    # The workers join once the head answers: the head and two workers, with the Ray auth token.
+    wait_for(lambda: alive() == 3, "three Ray nodes", timeout=300, every=5)
     # The dashboard refuses callers without the token.
     assert http_get(env.stack.url("ARGUS_DASHBOARD_PORT", "/api/version"))[0] in (401, 403)
 
