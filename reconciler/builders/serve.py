@@ -96,6 +96,10 @@ def llm_config(model: ModelSpec, cluster: ClusterSpec, source_path: str) -> dict
         if serving.accelerator_type:
             config["accelerator_type"] = serving.accelerator_type
     config["engine_kwargs"] = engine_kwargs
+    if model.alias_field:
+        # Read by the router (serve_apps/router.py); the default alias <user>-<name> is not
+        # sent: the router derives it from the application name, and configs stay unchanged.
+        config["experimental_configs"] = {"argus_alias": model.alias_field}
     return config
 
 

@@ -2,7 +2,8 @@
 
 Two separate questions, as in Argo CD: ``state`` is health (what runs: QUEUED, DEPLOYING,
 RUNNING, FAILED, DELETING, STOPPED (``replicas: 0``) for models; QUEUED, SUBMITTED, PENDING,
-RUNNING, SUCCEEDED, FAILED, STOPPED, LOST (Ray forgot it while it ran) for tasks;
+RUNNING, SUCCEEDED, FAILED, STOPPED, LOST (Ray forgot it while it ran), PREEMPTED (stopped to
+make room; it resumes as the next attempt of the same run) for tasks;
 INVALID/SUSPENDED/UNSCHEDULABLE when nothing
 runs), ``sync`` is whether what runs matches git (Synced, OutOfSync, Invalid, Suspended, Held).
 """
@@ -35,12 +36,14 @@ class ObjectStatus:
     sync: str
     reason: str = ""
     served_name: str | None = None
+    alias: str | None = None  # the stable OpenAI name (models only)
     replicas_desired: int | None = None
     replicas_ready: int | None = None
     gpus: float = 0.0
     submission_id: str | None = None
     runs: list[ActualJob] = field(default_factory=list)
     first_seen: int | None = None  # when the daemon first saw it (UTC epoch s): the admission order
+    preempted_by: str | None = None  # the object this tick stops (or scales down) this one for
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -53,12 +56,16 @@ class ObjectStatus:
             out["reason"] = self.reason
         if self.key.kind == "model":
             out.update(
-                served_name=self.served_name, replicas={"desired": self.replicas_desired, "ready": self.replicas_ready}
+                served_name=self.served_name,
+                alias=self.alias,
+                replicas={"desired": self.replicas_desired, "ready": self.replicas_ready},
             )
         else:
             out["submission_id"] = self.submission_id
             out["runs"] = [_run_json(j) for j in self.runs]
         out["gpus"] = self.gpus
+        if self.preempted_by:
+            out["preempted_by"] = self.preempted_by
         return out
 
 
@@ -96,7 +103,19 @@ def assess(
         else:
             out[key] = _task(key, desired, jobs.get(key, []), actions, done)
         out[key].first_seen = plan.first_seen.get(key)
+        preemptor = next((a.preempted_by for a in actions if a.preempted_by is not None and done), None)
+        if preemptor is None and _waiting(out[key]):
+            preemptor = actual.preempted.get(key)
+        if preemptor is not None:
+            out[key].preempted_by = str(preemptor)
     return out
+
+
+def _waiting(status: ObjectStatus) -> bool:
+    """Still waiting to get back what preemption took (a task's run, a model's replicas)."""
+    if status.key.kind == "task":
+        return status.state in ("PREEMPTED", "QUEUED")
+    return (status.replicas_ready or 0) < (status.replicas_desired or 0)
 
 
 def _sync(key: ObjectKey, desired: DesiredState, actions: list[Action]) -> str:
@@ -117,6 +136,7 @@ def _model(
     spec = desired.models.get(key)
     status = ObjectStatus(key, "RUNNING", _sync(key, desired, actions))
     status.served_name = spec.served_name if spec else (live.served_name if live else None)
+    status.alias = spec.alias if spec else None
     status.replicas_desired = spec.replicas if spec else (live.replicas if live else None)
     status.replicas_ready = live.ready_replicas if live else 0
     if live:

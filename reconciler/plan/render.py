@@ -35,6 +35,11 @@ def summary(plan: Plan) -> str:
         parts.append(
             f"Deletions held by the mass-deletion guard: {names}{more} will not be deleted until a commit approves it."
         )
+    stopped = plan.preemptions
+    if stopped:
+        named = ", ".join(f"{a.key} (for {a.preempted_by}, {a.preemption})" for a in stopped[:MAX_NAMED])
+        more = f" and {len(stopped) - MAX_NAMED} more" if len(stopped) > MAX_NAMED else ""
+        parts.append(f"Preempts: {named}{more}.")
     if plan.has_changes:
         parts.append("Plan: " + ", ".join(f"{n} {name}" for name, n in sorted(counts.items())))
     elif not held:
@@ -51,8 +56,28 @@ def text(plan: Plan, issues: list[Issue]) -> str:
         lines.append(f"! {note}")
     for issue in issues:
         lines.append(f"error: {issue}")
+    lines.extend(f"team {name}: {usage}" for name, usage in team_rows(plan))
     lines.append(summary(plan))
     return "\n".join(lines) + "\n"
+
+
+def team_rows(plan: Plan) -> list[tuple[str, str]]:
+    """(queue, "used … of nominal …, borrowed …, lent …, share …") per team once the plan is applied."""
+    rows = []
+    for name, team in sorted(plan.teams.items()):
+        used, nominal, borrowed, lent = (fmt_quota(team, f) for f in ("used", "nominal", "borrowed", "lent"))
+        usage = f"uses {used} of nominal {nominal}; borrowed {borrowed}; lent {lent}; "
+        rows.append(
+            (name or "(users in no team)", usage + f"fair share {team.get('share')} (weight {team.get('weight')})")
+        )
+    return rows
+
+
+def fmt_quota(team: dict[str, object], field: str) -> str:
+    values = team.get(field)
+    items = values.items() if isinstance(values, dict) else ()
+    shown = [f"{v:g} {'GPU' if k == 'gpus' else 'driver slots'}" for k, v in items if isinstance(v, float)]
+    return ", ".join(shown) or "0"
 
 
 def markdown(plan: Plan, issues: list[Issue]) -> str:
@@ -65,6 +90,11 @@ def markdown(plan: Plan, issues: list[Issue]) -> str:
         out.append("")
     for note in plan.notes:
         out.append(f"> **Note:** {note}")
+        out.append("")
+    rows = team_rows(plan)
+    if rows:
+        out += ["| team | quota once applied |", "|---|---|"]
+        out += [f"| `{name}` | {usage} |" for name, usage in rows]
         out.append("")
     if issues:
         out += [

@@ -15,9 +15,12 @@ from typing import Any
 
 from reconciler.errors import Issue
 from reconciler.spec import schema
+from reconciler.spec.aliases import clashes, namespace_problem
 from reconciler.spec.overrides import check_engine_kwargs, check_model_env, check_overrides, field_name
 from reconciler.spec.paths import FileSystem, PathError, resolve_path, resolve_source
 from reconciler.spec.types import (
+    GPU,
+    SLOTS,
     Admission,
     ClusterSpec,
     DesiredState,
@@ -25,11 +28,13 @@ from reconciler.spec.types import (
     ModelSpec,
     ObjectKey,
     Paths,
+    Preemption,
     Prune,
     RouterSettings,
     Security,
     Serving,
     TaskSpec,
+    Team,
     Training,
     UserPolicy,
 )
@@ -151,6 +156,9 @@ def load(
                     )
                 ]
                 cluster, cluster_valid = ClusterSpec(), False
+            elif scheduling := scheduling_issues(cluster, cluster_doc):
+                cluster_issues = scheduling
+                cluster, cluster_valid = ClusterSpec(), False
         else:
             cluster_valid = False
         issues.extend(cluster_issues)
@@ -226,6 +234,11 @@ def load(
         if file_issues:
             state.invalid[key] = file_issues
             issues.extend(file_issues)
+    for key, (name, holder) in clashes(state.models.values()).items():
+        model = state.models.pop(key)
+        issue = Issue(key.path, model.alias_line, f"served name {name!r} is already used by {holder.key.path}")
+        state.invalid[key] = [issue]
+        issues.append(issue)
     # A long-running daemon: forget what is no longer in the tree before it crowds out what is
     # (not after every load: rebuilding the tables costs what a re-plan after one push costs).
     dead = (
@@ -376,7 +389,10 @@ def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
     """Build a ClusterSpec from schema-valid data, applying the documented defaults."""
     users = None
     if "users" in data:
-        users = {u: UserPolicy(gpus=(p or {}).get("gpus")) for u, p in (data["users"] or {}).items()}
+        users = {
+            u: UserPolicy(gpus=(p or {}).get("gpus"), tasks=(p or {}).get("tasks"))
+            for u, p in (data["users"] or {}).items()
+        }
     paths = Paths(**data.get("paths", {}))
     serving_data = dict(data.get("serving", {}))
     if "router" in serving_data:
@@ -393,7 +409,24 @@ def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
         sec["admins"] = tuple(sec["admins"])
     security = Security(**sec)
     admission = Admission(**data.get("admission", {}))
+    teams = {
+        name: Team(
+            name=name,
+            members=tuple(t.get("members", ())),
+            nominal=_quota(t.get("quota")),
+            borrowing_limit=_quota(t.get("borrowing_limit")),
+            lending_limit=_quota(t.get("lending_limit")),
+            weight=float(t.get("weight", 1)),
+            priority_classes=tuple(t["priority_classes"]) if "priority_classes" in t else None,
+        )
+        for name, t in (data.get("teams") or {}).items()
+    }
+    defaults = data.get("default_priority") or {}
     return ClusterSpec(
+        teams=teams,
+        priority_classes={k: int(v) for k, v in (data.get("priority_classes") or {}).items()},
+        default_priority={kind: defaults[kind + "s"] for kind in ("model", "task") if kind + "s" in defaults},
+        preemption=Preemption(**data.get("preemption", {})),
         users=users,
         paths=paths,
         serving=serving,
@@ -403,6 +436,51 @@ def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
         security=security,
         admission=admission,
     )
+
+
+def _quota(data: Mapping[str, Any] | None) -> dict[str, float]:
+    """cluster.yaml's ``{gpus, tasks}`` as quota resources."""
+    names = {"gpus": GPU, "tasks": SLOTS}
+    return {names[k]: float(v) for k, v in (data or {}).items()}
+
+
+def scheduling_issues(cluster: ClusterSpec, doc: Document) -> list[Issue]:
+    """Cross-references of teams and priority classes the schema cannot check, as path:line issues."""
+    out: list[Issue] = []
+    classes = cluster.priority_classes
+    seen: dict[str, str] = {}
+    for name, team in sorted(cluster.teams.items()):
+        for i, member in enumerate(team.members):
+            where = ("teams", name, "members", i)
+            if cluster.users is not None and member not in cluster.users:
+                out.append(_at(doc, where, f"user {member!r} is not declared under `users:`"))
+            elif member in seen:
+                out.append(_at(doc, where, f"user {member!r} is already a member of team {seen[member]!r}"))
+            else:
+                seen[member] = name
+        for i, cls in enumerate(team.priority_classes or ()):
+            if cls not in classes:
+                out.append(_at(doc, ("teams", name, "priority_classes", i), f"no priority class {cls!r}"))
+    for kind, cls in sorted(cluster.default_priority.items()):
+        if cls not in classes:
+            out.append(_at(doc, ("default_priority", kind + "s"), f"no priority class {cls!r}"))
+    return out
+
+
+def priority_issue(doc: Document, cluster: ClusterSpec, user: str, kind: str, chosen: object) -> Issue | None:
+    """Why ``user`` may not run an object of ``kind`` at priority ``chosen`` (her own or the default), else None."""
+    name = chosen if isinstance(chosen, str) else cluster.default_priority.get(kind)
+    if name is None:
+        return None
+    where: tuple[str | int, ...] = ("priority",) if isinstance(chosen, str) else ("kind",)
+    if name not in cluster.priority_classes:
+        known = ", ".join(sorted(cluster.priority_classes)) or "none are declared"
+        return _at(doc, where, f"no priority class {name!r} in cluster.yaml ({known})")
+    team = cluster.teams.get(cluster.team_of(user))
+    if team is not None and team.priority_classes is not None and name not in team.priority_classes:
+        allowed = ", ".join(team.priority_classes) or "none"
+        return _at(doc, where, f"team {team.name!r} may not use priority class {name!r} (it may use: {allowed})")
+    return None
 
 
 def _model(
@@ -446,8 +524,20 @@ def _model(
     )
     refused = [(("engine_kwargs", *where), m) for where, m in engine_refused]
     refused += [(("env", *where), m) for where, m in env_refused]
-    if refused:
-        return None, [_at(doc, where, message) for where, message in refused]
+    alias_field = data.get("served_name")
+    alias_line = doc.line(("served_name",)) if alias_field else line
+    alias = alias_field or f"{key.user}-{key.name}"
+    problem = namespace_problem(alias, key.user, cluster.users or ())
+    found_issues = [_at(doc, where, message) for where, message in refused]
+    if problem and alias_field:
+        found_issues.append(_at(doc, ("served_name",), f"{alias!r} {problem}"))
+    elif problem:
+        found_issues.append(Issue(doc.path, line, f"the default alias {alias!r} {problem}: set `served_name:`"))
+    bad_priority = priority_issue(doc, cluster, key.user, "model", data.get("priority"))
+    if bad_priority:
+        found_issues.append(bad_priority)
+    if found_issues:
+        return None, found_issues
     model = ModelSpec(
         key=key,
         source=source,
@@ -460,6 +550,10 @@ def _model(
         suspend=bool(data.get("suspend", False)),
         created_at=when,
         line=line,
+        priority=data.get("priority"),
+        min_replicas=data.get("min_replicas"),
+        alias_field=alias_field,
+        alias_line=alias_line,
     )
     found = model_check(model) if model_check is not None else []
     if found:
@@ -476,7 +570,7 @@ TASK_DEFAULTS: dict[str, Any] = {"nodes": 1, "gpus_per_node": 1, "env": {}, "run
 TRAINER_DEFAULTS: dict[str, Any] = {"epochs": 1, "overrides": []}
 
 
-INTEGER_FIELDS = ("replicas", "gpus_per_replica", "nodes", "gpus_per_node", "epochs", "steps", "run")
+INTEGER_FIELDS = ("replicas", "min_replicas", "gpus_per_replica", "nodes", "gpus_per_node", "epochs", "steps", "run")
 
 
 def _integral(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -528,6 +622,9 @@ def _task(
         allow_trust_remote_code=cluster.serving.allow_trust_remote_code,
     )
     issues.extend(_at(doc, ("overrides", i), message) for i, message in refused)
+    bad_priority = priority_issue(doc, cluster, key.user, "task", data.get("priority"))
+    if bad_priority:
+        issues.append(bad_priority)
     if issues:
         return None, issues
     overrides = tuple(overrides_out)
@@ -550,7 +647,9 @@ def _task(
         run=raw["run"],
         suspend=bool(data.get("suspend", False)),
         created_at=when,
-        raw={k: v for k, v in raw.items() if k != "suspend"},
+        # `priority` is scheduling, not what runs: changing it never re-runs the task.
+        raw={k: v for k, v in raw.items() if k not in ("suspend", "priority")},
+        priority=data.get("priority"),
     )
     if task_check is not None and workload != "command":
         found = task_check(task, cluster)

@@ -125,6 +125,16 @@ def _to_issues(doc: Document, error: ValidationError) -> list[Issue]:
             suggestion = f" (did you mean {hint[0]!r}?)" if hint else f" (allowed: {', '.join(allowed)})"
             out.append(Issue(doc.path, doc.line((*where, key)), f"{_field((*where, key))}: unknown key{suggestion}"))
         return out
+    if validator in ("maxLength", "maxItems", "maxProperties"):
+        # Never quote the value: it is what is too long (and may be a secret).
+        unit = {"maxLength": "characters", "maxItems": "items", "maxProperties": "keys"}[str(validator)]
+        size = len(error.instance) if isinstance(error.instance, (str, list, dict)) else "?"
+        limit = error.validator_value
+        if "propertyNames" in error.schema_path and isinstance(error.instance, str):
+            key = error.instance
+            message = f"{_field((*where, key[:32] + '…'))}: the name is {size} {unit}; the limit is {limit}"
+            return [Issue(doc.path, doc.line((*where, key)), message)]
+        return [Issue(doc.path, doc.line(where), f"{prefix}{size} {unit}; the limit is {limit}")]
     if "propertyNames" in error.schema_path and isinstance(error.instance, str):
         # A bad key (env name, forbidden engine argument): report it on the key's own line.
         key = error.instance
