@@ -324,7 +324,9 @@ def test_status_branch_and_page_show_both(env: Env) -> None:
 )
 def test_reserved_refs_are_refused_by_the_git_server(env: Env, refspec: str) -> None:
     env.alice.pull()
-    proc = env.alice.push(refspec)
+    # Forced, as a hostile user would: the daemon's refs exist, and git's client refuses a non-fast-forward
+    # push by itself (the server's hook must refuse it, not her client).
+    proc = env.alice.push(f"+{refspec}")
     assert proc.returncode != 0 and "argus: refused" in proc.stderr, proc.stderr
 
 
