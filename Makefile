@@ -33,12 +33,16 @@ unit: venv
 e2e: venv
 	$(BIN)/pytest -q tests/e2e
 
-# Debian packages the real-stack tests drive: headless Chromium + its driver (status page), sshd (SFTP).
+# Debian packages the real-stack tests drive: headless Chromium + its driver (status page), sshd (SFTP),
+# and Docker 20.10, docker-compose 1.29 and debootstrap (the compose stack, tests/e2e/test_compose_stack.py,
+# which starts its own dockerd: nothing is started here).
 sysdeps:
-	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null || ! test -x /usr/sbin/sshd || ! command -v rsync >/dev/null; then \
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null || ! test -x /usr/sbin/sshd || ! command -v rsync >/dev/null \
+		|| ! test -x /usr/sbin/dockerd || ! test -x /usr/bin/docker-compose || ! test -x /usr/sbin/debootstrap; then \
 		if [ "$$(id -u)" = 0 ]; then \
-			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver openssh-server rsync; \
-		else echo "install chromium chromium-driver openssh-server rsync (Debian packages) to run every test"; fi; \
+			apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver openssh-server rsync \
+				docker.io docker-compose debootstrap; \
+		else echo "install chromium chromium-driver openssh-server rsync docker.io docker-compose debootstrap (Debian packages) to run every test"; fi; \
 	fi
 
 test: lint sysdeps

@@ -1,3 +1,8 @@
 """argus: a GitOps reconciler for Ray clusters (Ray Jobs for training, Ray Serve LLM for models)."""
 
+from reconciler import gitenv
+
 __version__ = "0.1.0"
+
+# Before any git command: every one of them inherits this process's environment (reconciler/gitenv.py).
+gitenv.apply()

@@ -1,8 +1,9 @@
 """Build-time smoke test of the argus Ray node image: a broken combination fails the build.
 
 Imports every layer a node runs (Ray, Ray Serve LLM, vLLM, verl, argus) and checks that each pinned
-distribution in constraints.txt is installed at exactly the pinned version.
-Run as: python smoke.py constraints.txt
+distribution in the constraints file is installed at exactly the pinned version.
+Run as: python smoke.py constraints.txt (the GPU image) or python smoke.py constraints-cpu.txt cpu (the CPU
+variant, where verl is installed without its dependencies: only its config tree is used, so it is not imported).
 """
 
 import importlib
@@ -10,6 +11,7 @@ import importlib.metadata
 import sys
 
 MODULES = ["ray", "ray.serve", "ray.serve.llm", "vllm", "verl", "reconciler", "reconciler.cli"]
+CPU_MODULES = ["ray", "ray.serve", "ray.serve.llm", "vllm", "hydra", "omegaconf", "reconciler", "reconciler.cli"]
 
 
 def pins(path: str) -> list[tuple[str, str]]:
@@ -19,9 +21,10 @@ def pins(path: str) -> list[tuple[str, str]]:
     return [(n.strip(), v.strip()) for n, _, v in (line.partition("==") for line in lines if line)]
 
 
-def main(constraints: str) -> int:
+def main(constraints: str, extra: str = "gpu") -> int:
+    """0 when every module imports and every pin holds, else 1 (each failure printed on stderr)."""
     failures: list[str] = []
-    for module in MODULES:
+    for module in CPU_MODULES if extra == "cpu" else MODULES:
         try:
             importlib.import_module(module)
         except Exception as exc:  # any import failure is a broken image
@@ -42,4 +45,4 @@ def main(constraints: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(*sys.argv[1:3]))

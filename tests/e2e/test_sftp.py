@@ -489,3 +489,32 @@ def test_only_the_rsync_server_runs(service: Service) -> None:
     secluded = service.rsync("alice", "-s", "d.txt", f"{service.login('alice')}:")
     assert secluded.returncode != 0 and "--secluded-args" in secluded.stderr, secluded.stderr
     assert not (service.home("alice") / "d.txt").exists()
+
+
+def test_sync_accounts_never_follows_a_link_as_root(service: Service) -> None:
+    """A Ray job (uid 1000) plants links where sync-accounts, as root, would chown and chmod a home."""
+    victim = service.root / "victim"  # a root-owned file outside the chroot, e.g. /etc/shadow
+    victim.write_text("root's\n")
+    victim.chmod(0o600)
+    homes = service.chroot / "users"
+    assert homes.stat().st_uid == 0 and homes.stat().st_mode & 0o7777 == 0o711, "the homes' parent is root's"
+    # uid 1000 cannot create or swap entries in the homes' parent (it could with a 1000-owned parent).
+    # A user nobody made yet (the fixture deletes the accounts of every name in service.users).
+    service.users["dave"] = service.users["carol"].replace("carol", "dave")
+    planted = as_ray_worker("ln", "-s", str(victim), str(homes / service.users["dave"]))
+    assert planted.returncode != 0, "a Ray job could plant a link next to the homes"
+    # A link there anyway (left by an older image, whose homes' parent uid 1000 owned), then dave's key.
+    os.symlink(victim, homes / service.users["dave"])
+    inner = service.home("alice") / "link"
+    os.symlink(victim, inner)  # inside a home: sync-accounts never touches a home's contents
+    service.authorize("dave", service.new_key("dave"))
+    proc = subprocess.run(
+        [str(service.root / "bin" / "sync-accounts")], env=service.env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    st = victim.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (0, 0, 0o600), "root followed a link"
+    assert victim.read_text() == "root's\n"
+    dave = service.home("dave")
+    assert dave.is_dir() and not dave.is_symlink() and dave.stat().st_mode & 0o7777 == 0o2770
+    assert inner.is_symlink() and os.lstat(inner).st_uid == 0

@@ -1,0 +1,114 @@
+"""Figures of the compose stack (CPU profile) on this machine: build and up times, image sizes, the time from
+``up`` to the first model RUNNING, and push -> RUNNING through the git container (SSH) vs through the local
+bare repository (a push from inside the head to /srv/git/config.git), same model, same run.
+
+Needs root (a private dockerd, as tests/e2e/test_compose_stack.py). Signing is turned off for this stack so
+that the head's own push needs no user key; everything else is the test's stack.
+
+Usage: PYTHONPATH=. .venv/bin/python bench/compose_stack.py [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import yaml  # noqa: E402
+
+from reconciler.status.branch import read_documents  # noqa: E402
+from reconciler.testing import docker  # noqa: E402
+from reconciler.testing.compose import Stack, prepare, wait_for  # noqa: E402
+from reconciler.testing.tiny_model import TINY_REPO, generate_tiny_llama  # noqa: E402
+
+MODEL = {
+    "kind": "Model",
+    "source": TINY_REPO,
+    "replicas": 1,
+    "engine_kwargs": {"max_model_len": 256, "dtype": "bfloat16", "enforce_eager": True},
+}
+
+
+def git(work: Path, stack: Stack, *args: str) -> str:
+    env = {**os.environ, "GIT_SSH_COMMAND": stack.ssh_command("alice"), "GIT_CONFIG_GLOBAL": os.devnull}
+    env.update(GIT_AUTHOR_NAME="alice", GIT_AUTHOR_EMAIL="a@x", GIT_COMMITTER_NAME="alice", GIT_COMMITTER_EMAIL="a@x")
+    return subprocess.run(["git", *args], cwd=work, env=env, check=True, capture_output=True, text=True).stdout
+
+
+def running(work: Path, stack: Stack, path: str) -> bool:
+    git(work, stack, "fetch", "-q", "origin", "+refs/heads/argus/status:refs/heads/argus/status")
+    doc = read_documents(str(work), "argus/status").get(path) or {}
+    return doc.get("state") == "RUNNING"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keep", action="store_true", help="leave the stack and the daemon running")
+    args = parser.parse_args()
+    figures: dict[str, object] = {}
+    started = time.monotonic()
+    daemon = prepare()
+    tmp = Path(tempfile.mkdtemp(prefix="argus-bench-compose-", dir="/var/tmp"))
+    tmp.chmod(0o755)
+    stack = Stack(daemon, tmp)
+    try:
+        stack.setup(admins="alice")
+        with stack.env_file.open("a") as fh:
+            fh.write("ARGUS_REQUIRE_SIGNED_COMMITS=0\n")
+        generate_tiny_llama(tmp / "private" / "hf")
+        for path in (tmp / "private" / "hf", *(tmp / "private" / "hf").rglob("*")):
+            os.chown(path, 1000, 1000, follow_symlinks=False)
+        build = time.monotonic()
+        stack.compose("build", timeout=3600)
+        figures["build_s"] = round(time.monotonic() - build, 1)
+        up = time.monotonic()
+        stack.up()
+        wait_for(stack.healthy, "healthz", timeout=300)
+        figures["up_to_healthy_s"] = round(time.monotonic() - up, 1)
+        work = tmp / "work"
+        work.mkdir()
+        git(work, stack, "init", "-q", "-b", "main")
+        git(work, stack, "remote", "add", "origin", stack.git_url())
+        (work / "cluster.yaml").write_text((ROOT / "desired-state" / "cpu" / "cluster.yaml").read_text())
+        (work / "users/alice/models").mkdir(parents=True)
+        (work / "users/alice/models/ssh.yaml").write_text(yaml.safe_dump(MODEL))
+        git(work, stack, "add", "-A")
+        git(work, stack, "commit", "-q", "-m", "through the git container")
+        pushed = time.monotonic()
+        git(work, stack, "push", "-q", "origin", "main")
+        wait_for(lambda: running(work, stack, "users/alice/models/ssh.yaml"), "ssh model", timeout=900, every=2)
+        figures["push_to_running_ssh_s"] = round(time.monotonic() - pushed, 1)
+        figures["up_to_first_model_running_s"] = round(time.monotonic() - up, 1)
+        # The same model under another name, pushed from inside the head straight into the bare repository.
+        script = (
+            "set -e; cd /tmp && rm -rf w && git clone -q /srv/git/config.git w && cd w && "
+            "cp users/alice/models/ssh.yaml users/alice/models/local.yaml && git add -A && "
+            "git -c user.name=alice -c user.email=a@x commit -q -m local && git push -q origin main"
+        )
+        local = time.monotonic()
+        stack.exec("head", "bash", "-c", script)
+        wait_for(lambda: running(work, stack, "users/alice/models/local.yaml"), "local model", timeout=900, every=2)
+        figures["push_to_running_local_bare_s"] = round(time.monotonic() - local, 1)
+        sizes = daemon.docker("image", "ls", "--format", "{{.Repository}}:{{.Tag}}={{.Size}}").stdout.split()
+        figures["image_sizes"] = dict(s.split("=", 1) for s in sizes if s.startswith(("argus", "debian")))
+        figures["total_s"] = round(time.monotonic() - started, 1)
+    finally:
+        if not args.keep:
+            stack.down()
+            docker.stop_daemon(daemon)
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

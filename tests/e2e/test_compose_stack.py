@@ -1,0 +1,381 @@
+"""The compose stack users deploy, built and run for real: Debian's docker.io and docker-compose 1.29, a
+private dockerd, Debian bases made with debootstrap, the three images built (the CPU variant of the Ray node),
+and the CPU profile up on free ports. Everything after that goes through the interfaces users have: git and
+sftp over SSH to the containers, the OpenAI endpoint, the status branch, the status page, ``argus logs``.
+
+The steps share one stack and run in file order; each is its own test so that a report says which step
+fails. It stops exactly the project it started (containers, networks, volumes) and the daemon if it
+started it; the daemon's data root (/var/cache/argus-test-docker) stays as a layer cache between runs.
+Timings of the build and of each step are written to $ARGUS_COMPOSE_TIMINGS when set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from reconciler.status.branch import read_documents
+from reconciler.testing import docker
+from reconciler.testing.compose import ROOT, Stack, http_get, prepare, wait_for
+from reconciler.testing.tiny_model import TINY_REPO, generate_tiny_llama
+
+pytestmark = pytest.mark.e2e
+
+STATUS = "argus/status"
+MODEL_A = "users/alice/models/chat.yaml"
+MODEL_B = "users/bob/models/chat.yaml"
+TASK = "users/alice/tasks/read-data.yaml"
+GIT_ENV = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+
+
+def require_root() -> None:
+    """The test installs packages and runs dockerd: root only. Skips elsewhere, fails in CI."""
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        message = "the compose test needs root on a Debian machine (it installs docker.io and runs dockerd)"
+        if os.environ.get("CI"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+
+
+def model_yaml() -> str:
+    return yaml.safe_dump(
+        {
+            "kind": "Model",
+            "source": TINY_REPO,
+            "replicas": 1,
+            "engine_kwargs": {"max_model_len": 256, "dtype": "bfloat16", "enforce_eager": True},
+        }
+    )
+
+
+def task_yaml(data: str) -> str:
+    # Reads what alice uploaded through the file service and writes a checkpoint into her home.
+    command = (
+        f"set -e; echo ran-on=$(hostname); cat {data}; mkdir -p $ARGUS_CHECKPOINT_DIR; "
+        f"wc -c < {data} > $ARGUS_CHECKPOINT_DIR/size.txt; echo checkpoint-written"
+    )
+    return yaml.safe_dump({"kind": "Task", "workload": "command", "command": command, "gpus_per_node": 1})
+
+
+class Client:
+    """A user's clone of the config repository over SSH, committing with her own key (SSH signatures)."""
+
+    def __init__(self, stack: Stack, user: str, root: Path) -> None:
+        self.stack, self.user, self.root = stack, user, root / f"work-{user}"
+
+    def git(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ,
+            **GIT_ENV,
+            "GIT_SSH_COMMAND": self.stack.ssh_command(self.user),
+            "GIT_AUTHOR_NAME": self.user,
+            "GIT_AUTHOR_EMAIL": f"{self.user}@example.com",
+            "GIT_COMMITTER_NAME": self.user,
+            "GIT_COMMITTER_EMAIL": f"{self.user}@example.com",
+        }
+        env.pop("GIT_NO_REPLACE_OBJECTS", None)  # a user's own git, not argus's
+        proc = subprocess.run(["git", *args], cwd=self.root, env=env, capture_output=True, text=True, timeout=120)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{self.user}: git {' '.join(args)}: {proc.stderr}")
+        return proc
+
+    def clone(self) -> None:
+        self.root.mkdir(parents=True)
+        self.git("init", "-q", "-b", "main")
+        self.git("remote", "add", "origin", self.stack.git_url())
+        self.git("config", "gpg.format", "ssh")
+        self.git("config", "user.signingkey", str(self.stack.key(self.user)))
+        if self.git("ls-remote", "origin", "main").stdout.strip():
+            self.pull()
+
+    def pull(self) -> None:
+        self.git("fetch", "-q", "origin", "main")
+        self.git("reset", "-q", "--hard", "origin/main")
+
+    def commit(self, files: dict[str, str | None], message: str, sign: bool = True) -> str:
+        for path, text in files.items():
+            target = self.root / path
+            if text is None:
+                target.unlink()
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text)
+        self.git("add", "-A")
+        self.git("commit", "-q", *(["-S"] if sign else []), "-m", message)
+        return self.git("rev-parse", "HEAD").stdout.strip()
+
+    def push(self, refspec: str = "main") -> subprocess.CompletedProcess[str]:
+        return self.git("push", "origin", refspec, check=False)
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        self.git("fetch", "-q", "origin", f"+refs/heads/{STATUS}:refs/heads/{STATUS}")
+        return read_documents(str(self.root), STATUS)
+
+
+class Env:
+    def __init__(self, stack: Stack, tmp: Path) -> None:
+        self.stack, self.tmp = stack, tmp
+        self.admin = Client(stack, "admin", tmp)
+        self.alice = Client(stack, "alice", tmp)
+        self.bob = Client(stack, "bob", tmp)
+        self.timings: dict[str, float] = {}
+
+    def state(self, path: str) -> dict[str, Any]:
+        return self.alice.status().get(path) or {}
+
+    def running(self, path: str) -> dict[str, Any] | None:
+        doc = self.state(path)
+        return doc if doc.get("state") == "RUNNING" and (doc.get("replicas") or {}).get("ready") == 1 else None
+
+
+def timings_out(timings: dict[str, float]) -> None:
+    target = os.environ.get("ARGUS_COMPOSE_TIMINGS")
+    if target:
+        Path(target).write_text(json.dumps(timings, indent=2) + "\n")
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[Env]:
+    require_root()
+    started = time.monotonic()
+    daemon = prepare()
+    tmp = Path(tempfile.mkdtemp(prefix="argus-compose-", dir="/var/tmp"))
+    tmp.chmod(0o755)
+    stack = Stack(daemon, tmp)
+    e = Env(stack, tmp)
+    try:
+        stack.setup()
+        # The admin puts the model into the shared cache (read-only to users), as docs/compose.md says.
+        generate_tiny_llama(tmp / "private" / "hf")
+        for path in (tmp / "private" / "hf", *(tmp / "private" / "hf").rglob("*")):
+            os.chown(path, 1000, 1000, follow_symlinks=False)
+        e.timings["prepare_s"] = time.monotonic() - started
+        build = time.monotonic()
+        stack.compose("build", timeout=3600)
+        e.timings["build_s"] = time.monotonic() - build
+        e.timings["up_s"] = stack.up()
+        wait_for(stack.answers, "the daemon's /healthz on the webhook port", timeout=300)
+        e.timings["healthy_s"] = time.monotonic() - build
+        yield e
+    except BaseException:
+        print(stack.logs(), file=sys.stderr)
+        raise
+    finally:
+        if os.environ.get("ARGUS_COMPOSE_KEEP") != "1":
+            stack.down()
+        e.timings["total_s"] = time.monotonic() - started
+        timings_out(e.timings)
+        if os.environ.get("ARGUS_COMPOSE_KEEP") != "1":
+            docker.stop_daemon(daemon)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_images_and_services(env: Env) -> None:
+    names = {line.split()[0] for line in env.stack.compose("ps", "--services").stdout.splitlines() if line}
+    assert names == {"head", "worker-1", "worker-2", "git", "files"}
+    sizes = env.stack.daemon.docker("image", "ls", "--format", "{{.Repository}}:{{.Tag}} {{.Size}}").stdout
+    for image in ("argus-ray-node:cpu", "argus-git-server:latest", "argus-sftp:latest"):
+        assert image in sizes, sizes
+    print("images:", sizes, file=sys.stderr)
+
+    def alive() -> int:
+        nodes = env.stack.dashboard("/nodes?view=summary")["data"]["summary"]
+        return len([n for n in nodes if n.get("raylet", {}).get("state") == "ALIVE"])
+
+    # The workers join once the head answers: the head and two workers, with the Ray auth token.
+    wait_for(lambda: alive() == 3, "three Ray nodes", timeout=300, every=5)
+    # The dashboard refuses callers without the token.
+    assert http_get(env.stack.url("ARGUS_DASHBOARD_PORT", "/api/version"))[0] in (401, 403)
+
+
+def test_pages_are_on_their_own_address(env: Env) -> None:
+    assert http_get(env.stack.url("ARGUS_HTTP_PORT", "/"))[0] == 404
+    assert http_get(env.stack.url("ARGUS_HTTP_PORT", "/api/v1/objects"))[0] == 404
+    assert http_get(env.stack.url("ARGUS_HTTP_PORT", "/metrics"))[0] == 200
+    assert http_get(env.stack.url("ARGUS_WEB_PORT", "/"))[0] == 200
+
+
+def test_users_push_and_upload(env: Env) -> None:
+    stack = env.stack
+    env.admin.clone()
+    cluster = (ROOT / "desired-state" / "cpu" / "cluster.yaml").read_text()
+    env.admin.commit({"cluster.yaml": cluster}, "admin: the cluster")
+    pushed = env.admin.push()
+    assert pushed.returncode == 0, pushed.stderr
+    # alice uploads her data with sftp (the account appears within seconds of her key).
+    data = env.tmp / "client" / "data.txt"
+    data.write_text("hello from alice's upload\n")
+    sftp = [
+        "sftp",
+        *stack.ssh_command("alice").split()[1:],
+        "-P",
+        str(stack.ports["ARGUS_SFTP_PORT"]),
+        "-b",
+        "-",
+        "alice@127.0.0.1",
+    ]
+    wait_for(
+        lambda: subprocess.run(sftp, input=f"put {data} data.txt\n", capture_output=True, text=True).returncode == 0,
+        "alice's sftp upload",
+        timeout=60,
+    )
+    env.alice.clone()
+    env.alice.commit(
+        {MODEL_A: model_yaml(), TASK: task_yaml("/private/users/alice/data.txt")}, "alice: a model and a task"
+    )
+    started = time.monotonic()
+    pushed = env.alice.push()
+    assert pushed.returncode == 0, pushed.stderr
+    env.timings["push_started"] = started
+
+
+def test_task_runs_on_a_worker_and_reads_the_upload(env: Env) -> None:
+    doc = wait_for(lambda: env.state(TASK).get("state") in ("SUCCEEDED", "FAILED") and env.state(TASK), "task", 400)
+    assert doc["state"] == "SUCCEEDED", doc
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reconciler.cli",
+            "logs",
+            "alice/tasks/read-data",
+            "--server",
+            env.stack.url("ARGUS_WEB_PORT"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 0, out.stderr
+    assert "hello from alice's upload" in out.stdout and "checkpoint-written" in out.stdout
+    ran_on = next(line.split("=", 1)[1] for line in out.stdout.splitlines() if line.startswith("ran-on="))
+    assert ran_on in ("worker-1", "worker-2"), f"the driver ran on {ran_on}, not on a worker"
+    checkpoints = list((env.tmp / "private" / "users" / "alice" / "jobs" / "read-data").rglob("size.txt"))
+    assert checkpoints and checkpoints[0].read_text().strip() == "26"
+
+
+def test_model_runs_on_a_worker_and_answers_openai(env: Env) -> None:
+    doc = wait_for(lambda: env.running(MODEL_A), "alice's model RUNNING", timeout=600, every=5)
+    env.timings["push_to_running_s"] = time.monotonic() - env.timings.pop("push_started")
+    from openai import OpenAI
+
+    client = OpenAI(base_url=env.stack.url("ARGUS_OPENAI_PORT", "/v1"), api_key="unused")
+    answer = client.chat.completions.create(
+        model=doc["served_name"], messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0
+    )
+    assert answer.choices[0].message.content is not None
+    for service, expect in (("head", False), ("worker-1", None), ("worker-2", None)):
+        ps = env.stack.exec(service, "ps", "-eo", "args").stdout
+        if expect is False:
+            assert "ServeReplica:argus--alice--chat" not in ps, "a replica on the head"
+    replicas = sum(
+        "ServeReplica:argus--alice--chat" in env.stack.exec(w, "ps", "-eo", "args").stdout
+        for w in ("worker-1", "worker-2")
+    )
+    assert replicas == 1
+
+
+def test_second_users_model_deploys_without_restarting_the_first(env: Env) -> None:
+    pid_before = replica_pids(env, "alice")
+    env.bob.clone()
+    env.bob.commit({MODEL_B: model_yaml()}, "bob: a model")
+    assert env.bob.push().returncode == 0
+    wait_for(lambda: env.running(MODEL_B), "bob's model RUNNING", timeout=600, every=5)
+    assert replica_pids(env, "alice") == pid_before, "alice's replica was restarted"
+
+
+def replica_pids(env: Env, user: str) -> set[str]:
+    pids = set()
+    for worker in ("worker-1", "worker-2"):
+        for line in env.stack.exec(worker, "ps", "-eo", "pid,args").stdout.splitlines():
+            if f"ServeReplica:argus--{user}--chat" in line:
+                pids.add(f"{worker}:{line.split()[0]}")
+    return pids
+
+
+def test_status_branch_and_page_show_both(env: Env) -> None:
+    docs = env.alice.status()
+    assert docs[MODEL_A]["state"] == "RUNNING" and docs[MODEL_B]["state"] == "RUNNING"
+    assert docs[TASK]["state"] == "SUCCEEDED"
+    status, body = http_get(env.stack.url("ARGUS_WEB_PORT", "/"))
+    page = body.decode()
+    assert status == 200 and "alice" in page and "bob" in page and "RUNNING" in page
+
+
+@pytest.mark.parametrize(
+    "refspec",
+    [
+        "main:refs/replace/0123456789012345678901234567890123456789",
+        "main:refs/notes/argus",
+        f"main:refs/heads/{STATUS}",
+    ],
+)
+def test_reserved_refs_are_refused_by_the_git_server(env: Env, refspec: str) -> None:
+    env.alice.pull()
+    # Forced, as a hostile user would: the daemon's refs exist, and git's client refuses a non-fast-forward
+    # push by itself (the server's hook must refuse it, not her client).
+    proc = env.alice.push(f"+{refspec}")
+    assert proc.returncode != 0 and "argus: refused" in proc.stderr, proc.stderr
+
+
+def test_bob_cannot_change_alices_folder(env: Env) -> None:
+    env.bob.pull()
+    unsigned = env.bob.commit({MODEL_A: None}, "bob: delete alice's model (unsigned)", sign=False)
+    wrongly = env.bob.commit({TASK: None}, "bob: delete alice's task (his own key)")
+    assert env.bob.push().returncode == 0, "the git server authenticates; argus authorizes"
+
+    def reported() -> bool:
+        env.bob.git("fetch", "-q", "origin", "+refs/notes/argus:refs/notes/argus", check=False)
+        notes = "".join(env.bob.git("notes", "--ref=argus", "show", c, check=False).stdout for c in (unsigned, wrongly))
+        kept_out = [line for line in notes.splitlines() if "unverified change kept out" in line]
+        return any(MODEL_A in line for line in kept_out) and any(TASK in line for line in kept_out)
+
+    wait_for(reported, "the daemon's notes on bob's commits", timeout=120)
+    docs = env.alice.status()
+    assert docs[MODEL_A]["state"] == "RUNNING" and docs[TASK]["state"] == "SUCCEEDED"
+
+
+def test_restart_and_recreate_the_head(env: Env) -> None:
+    runs_before = task_runs(env)
+    for how in (("restart", "head"), ("up", "-d", "--force-recreate", "head")):
+        old = env.stack.container_id("head")
+        started = time.monotonic()
+        env.stack.compose(*how)
+        if how[0] == "up":
+            assert env.stack.container_id("head") != old, "a new container"
+        wait_for(env.stack.healthy, "the daemon after " + how[0], timeout=300)
+        wait_for(lambda: env.running(MODEL_A) and env.running(MODEL_B), "both models back", timeout=600, every=5)
+        env.timings[f"{how[0]}_head_s"] = time.monotonic() - started
+        # A new Ray head has no job history: any run listed now would be a re-run.
+        assert set(task_runs(env)) <= set(runs_before), "a finished task ran again"
+
+
+def task_runs(env: Env) -> list[str]:
+    jobs = env.stack.dashboard("/api/jobs/")
+    return sorted(j["submission_id"] for j in jobs if "read-data" in str(j.get("submission_id")))
+
+
+def test_killing_a_worker_and_starting_it_again(env: Env) -> None:
+    env.stack.compose("kill", "worker-1")
+    time.sleep(20)
+    docs = env.alice.status()
+    for path in (MODEL_A, MODEL_B):
+        assert docs[path]["state"] in ("RUNNING", "DEPLOYING", "QUEUED", "UNHEALTHY"), docs[path]
+    served = [p for p in (MODEL_A, MODEL_B) if docs[p]["state"] == "RUNNING"]
+    assert served or all(docs[p].get("message") for p in (MODEL_A, MODEL_B)), "a served model, or a reason"
+    env.stack.compose("start", "worker-1")
+    wait_for(lambda: env.running(MODEL_A) and env.running(MODEL_B), "everything RUNNING again", timeout=600, every=5)
+    history = env.alice.git("log", "--format=%H", STATUS).stdout.split()
+    assert len(history) > 1 and env.alice.status()[TASK]["state"] == "SUCCEEDED"
