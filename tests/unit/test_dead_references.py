@@ -12,12 +12,12 @@ PATH = re.compile(r"(?<![\w/$.:~<-])((?:\.\./)*[A-Za-z_][\w.-]*/[\w./-]*)")
 
 def dead_references(file: Path) -> list[str]:
     """``line: path`` for each relative path in ``file``'s comments that exists neither beside the
-    file nor at the repository's root."""
+    file, nor at the config repository's root (``desired-state/``), nor at argus's root."""
     out = []
     for number, line in enumerate(file.read_text().splitlines(), 1):
         for match in PATH.finditer(line.partition("#")[2]):
             rel = match.group(1)
-            if not ((file.parent / rel).exists() or (ROOT / rel).exists()):
+            if not any((base / rel).exists() for base in (file.parent, ROOT / "desired-state", ROOT)):
                 out.append(f"{number}: {rel}")
     return out
 
