@@ -34,7 +34,7 @@ MODEL = {
     "kind": "Model",
     "source": TINY_REPO,
     "replicas": 1,
-    "engine_kwargs": {"max_model_len": 256, "dtype": "bfloat16", "enforce_eager": True},
+    "engine_kwargs": {"max_model_len": 256, "dtype": "float32", "enforce_eager": True},
 }
 
 
