@@ -91,6 +91,8 @@ class StatusTrust:
         """The commit to trust among ``candidates`` (tips, most preferred first; None: absent).
         See the module docstring for the order."""
         anchor = self._anchor
+        if anchor is not None and anchor in candidates and candidates[0] in (anchor, None):
+            return Resolution(anchor)  # the usual case: the branch is where argus left it (no git call)
         anchor_exists = anchor is not None and commit_parts(repo, anchor) is not None
         alerts: list[str] = []
         for tip in candidates:
