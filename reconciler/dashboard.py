@@ -11,9 +11,13 @@ file named by ``RAY_AUTH_TOKEN_PATH``. With none of them set nothing is sent, as
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import os
+import socket
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -99,6 +103,33 @@ class Dashboard:
         except ValueError:
             return text
 
+    def stream(self, path: str, *, timeout: float | None = None) -> RayStream:
+        """Open ``GET path`` and return its body unread, for the caller to read piece by piece
+        (``read1``) and close: the way to read a log of any size with bounded memory.
+
+        Raises RayUnavailable when the dashboard cannot be reached (or refuses argus's token),
+        DashboardError on HTTP >= 400 (with at most 64 KiB of the answer's text).
+        """
+        url = urllib.parse.urlsplit(self.base_url + path)
+        kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+        conn = kind(url.hostname or "127.0.0.1", url.port, timeout=timeout or self.timeout)
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        try:
+            conn.request("GET", url.path + (f"?{url.query}" if url.query else ""), headers=headers)
+            resp = conn.getresponse()
+            if resp.status >= 400:
+                text = resp.read(_ERROR_TEXT_BYTES).decode(errors="replace")
+                conn.close()
+                if resp.status in (401, 403) and ("authentication token" in text or self._token):
+                    raise RayUnavailable(
+                        f"Ray dashboard {self.base_url} refused argus's credentials (HTTP {resp.status}: {text[:200]})"
+                    )
+                raise DashboardError("GET", path, resp.status, text)
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise RayUnavailable(f"Ray dashboard {self.base_url} unreachable: {exc}") from exc
+        return RayStream(conn, resp)
+
     def get(self, path: str, **kw: Any) -> Any:
         return self.request("GET", path, **kw)
 
@@ -110,3 +141,31 @@ class Dashboard:
 
     def delete(self, path: str, **kw: Any) -> Any:
         return self.request("DELETE", path, **kw)
+
+
+_ERROR_TEXT_BYTES = 64 * 1024
+
+
+class RayStream:
+    """The body of one streamed dashboard answer. ``read1(n)`` returns at most ``n`` bytes as they
+    arrive (b"" at the end); ``close()`` may be called from another thread and wakes a blocked read."""
+
+    def __init__(self, conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
+        self._conn, self._resp = conn, resp
+
+    def read1(self, n: int) -> bytes:
+        """Up to ``n`` bytes. Raises OSError / http.client.HTTPException when the connection fails."""
+        return self._resp.read1(n)
+
+    def close(self) -> None:
+        sock = self._conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # a read blocked in another thread returns now
+        self._conn.close()
+
+    def __enter__(self) -> RayStream:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()

@@ -30,18 +30,31 @@ class TemporaryError(ArgusError):
 class Issue:
     """One problem with the desired state, located as ``path:line``.
 
-    ``line`` is 1-based; 0 means the problem is about the file as a whole.
+    ``line`` is 1-based; 0 means the problem is about the file as a whole. ``column`` is 1-based
+    where the parser gives one (a YAML syntax error), else 0.
     """
 
     path: str
     line: int
     message: str
+    column: int = 0
+
+    @property
+    def where(self) -> str:
+        """``path:line:column``, ``path:line`` or ``path`` (as editors and CI annotations read it)."""
+        if not self.line:
+            return self.path
+        return f"{self.path}:{self.line}:{self.column}" if self.column else f"{self.path}:{self.line}"
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.message}" if self.line else f"{self.path}: {self.message}"
+        return f"{self.where}: {self.message}"
 
     def to_json(self) -> dict[str, object]:
-        return {"path": self.path, "line": self.line, "message": self.message}
+        """The issue as JSON; ``column`` only when known."""
+        out: dict[str, object] = {"path": self.path, "line": self.line, "message": self.message}
+        if self.column:
+            out["column"] = self.column
+        return out
 
 
 class InvalidSpec(PermanentError):

@@ -24,7 +24,7 @@ from reconciler.report import Reporter
 from reconciler.server import Metrics
 from reconciler.status.auth import status_key
 from reconciler.status.lease import Lease
-from reconciler.status.writer import StatusWriter, no_redaction
+from reconciler.status.writer import StatusWriter, default_redaction
 from reconciler.tick import Reconciler
 
 log = logging.getLogger("argus")
@@ -55,7 +55,7 @@ class Daemon:
         self.lease = lease
         # What the daemon passes to jobs as secrets never reaches git or the logs.
         self.redact = redact or Redactor(reconciler.secrets_env.values())
-        if writer.redact is no_redaction:
+        if writer.redact is default_redaction:
             writer.redact = self.redact
         self.reporter = Reporter(
             reconciler.dash,

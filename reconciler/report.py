@@ -7,7 +7,6 @@ thread writes only the newest result it has (reports coalesce while a write is r
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
@@ -16,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from reconciler.builders.resolved import resolved_spec
-from reconciler.dashboard import Dashboard
+from reconciler.dashboard import Dashboard, DashboardError
 from reconciler.errors import ArgusError
 from reconciler.observe.jobs import job_log_tail
 from reconciler.plan.actions import ActionType
@@ -201,14 +200,31 @@ class Reporter:
         return out
 
     def _fetch_log_tails(self, result: TickResult) -> None:
+        """Fetch the (bounded) log tail of each finished run of an object that exists, once.
+
+        Tails are kept only for runs Ray still holds of objects still reported: a document keeps
+        a tail once written (``documents._keep``), so nothing else needs it again.
+        """
+        runs = {j.submission_id for st in result.statuses.values() for j in st.runs}
+        held = {j.submission_id for j in result.actual.jobs} & runs
+        for sid in [s for s in self.log_tails if s not in held]:
+            del self.log_tails[sid]
         for job in result.actual.jobs:
-            if job.status in FINAL_JOB_STATES and job.submission_id not in self.log_tails:
-                with contextlib.suppress(ArgusError):
+            if job.status in FINAL_JOB_STATES and job.submission_id in held and job.submission_id not in self.log_tails:
+                try:
                     tail = job_log_tail(self.dash, job.submission_id)
-                    # The tail is redacted as one text: a key block spans lines.
-                    self.log_tails[job.submission_id] = self.redact("\n".join(tail)).split("\n") if tail else []
+                except DashboardError:  # Ray has no log file for it (it never started): asked once
+                    tail = []
+                except ArgusError:  # Ray unreachable: asked again next time
+                    continue
+                # The tail is redacted as one text: a key block spans lines.
+                self.log_tails[job.submission_id] = self.redact("\n".join(tail)).split("\n") if tail else []
 
     def _log_actions(self, result: TickResult) -> None:
+        # The last line logged per object is kept for objects that still exist, no longer.
+        current = {str(k) for k in result.statuses} | {str(a.key) for a in result.plan.actions}
+        for key in [k for k in self._logged if k not in current]:
+            del self._logged[key]
         for action in result.plan.actions:
             if action.type is not ActionType.KEEP:
                 line = json.dumps(

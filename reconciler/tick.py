@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -34,16 +35,17 @@ from reconciler.errors import ApplyFailed, ArgusError, Issue, PermanentError, Ra
 from reconciler.fscache import CachedFS
 from reconciler.observe.capacity import observe_capacity
 from reconciler.observe.jobs import ForeignJob, observe_job_records
-from reconciler.observe.runs import recorded_runs
+from reconciler.observe.probe import ModelProber
+from reconciler.observe.runs import preemptions, recorded_runs
 from reconciler.observe.serve import ServeObservation, observe_serve
 from reconciler.plan.actions import ActionType, Plan
-from reconciler.plan.actual import ActualJob, ActualState, Capacity
+from reconciler.plan.actual import PREEMPTED, ActualJob, ActualState, Capacity
 from reconciler.plan.assess import ObjectStatus, assess
 from reconciler.plan.planner import plan as make_plan
 from reconciler.source.localfs import LocalFS
 from reconciler.source.remote import RepoSource
 from reconciler.source.signatures import SignatureVerifier, SigningPolicy
-from reconciler.spec.hashing import task_spec_hash
+from reconciler.spec.hashing import parse_submission_id, task_spec_hash
 from reconciler.spec.loader import ModelCheck, ParseCache, SourceFile, TaskCheck, classify, load
 from reconciler.spec.paths import FileSystem
 from reconciler.spec.types import ClusterSpec, DesiredState, ObjectKey, Paths, TaskSpec
@@ -127,11 +129,14 @@ class Reconciler:
         ownership_key: bytes | None = None,
         status_docs: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None,
         record_runs: RecordRuns | None = None,
+        serve_url: str | None = None,
     ) -> None:
         """``ownership_key`` signs and proves argus's jobs (default: ``load_or_create_key`` in
         :func:`default_state_dir`); ``status_docs`` returns the status branch's documents (the run
         records; default: read the branch); ``record_runs`` records runs before they are submitted
-        (the daemon's status writer; None: not recorded ahead, as in a one-off ``argus reconcile``)."""
+        (the daemon's status writer; None: not recorded ahead, as in a one-off ``argus reconcile``);
+        ``serve_url``: the Serve HTTP proxy where models are asked for a real answer before they count as
+        RUNNING ("": the dashboard's host at ``serving.http_port``; None: Serve's status alone)."""
         self.source = source
         self.branch = branch
         self.dash = dash
@@ -139,7 +144,7 @@ class Reconciler:
         self.secrets_env = (
             dict(secrets_env)
             if secrets_env is not None
-            else {k: os.environ[k] for k in SECRET_ENV_NAMES if k in os.environ}
+            else {k: os.environ[k] for k in SECRET_ENV_NAMES if os.environ.get(k, "").strip()}  # empty = unset
         )
         self.task_check = task_check if task_check is not None else default_task_check()
         self.model_check = model_check if model_check is not None else default_model_check()
@@ -165,6 +170,8 @@ class Reconciler:
             trusted_documents, source.repo.path, STATUS_BRANCH, self.ownership_key
         )
         self.record_runs = record_runs
+        self.serve_url = serve_url
+        self._prober: ModelProber | None = None
         self.backoff = Backoff()
         self._retrying: dict[tuple[ObjectKey, str | None], str] = {}
         self._checkpoints: dict[str, str | None] = {}
@@ -175,6 +182,9 @@ class Reconciler:
         self.first_seen: dict[ObjectKey, int] = {}
         self._first_seen_seeded = False
         self._seen_blob: dict[ObjectKey, str] = {}  # the file blob each first_seen was recorded at
+        # Preemptions applied but not yet on the status branch (pruned once it records them).
+        self._preempted_runs: set[str] = set()
+        self._preempted: dict[ObjectKey, ObjectKey] = {}
 
     # -- load ---------------------------------------------------------------------------
     def load(self, commit: str | None = None, *, fetch: bool = True) -> tuple[DesiredState, str, int]:
@@ -269,11 +279,23 @@ class Reconciler:
         return capacity
 
     # -- observe ------------------------------------------------------------------------
-    def observe(self, paths: Paths | None = None) -> tuple[ActualState, ServeObservation]:
+    def _model_prober(self, http_port: int) -> ModelProber | None:
+        """The prober of this Serve endpoint (one, kept between ticks: it owns the verdicts)."""
+        if self.serve_url is None:
+            return None
+        url = self.serve_url or _serve_url_beside(self.dash.base_url, http_port)
+        if self._prober is None or self._prober.serve_url != url.rstrip("/"):
+            self._prober = ModelProber(url)
+        return self._prober
+
+    def observe(self, paths: Paths | None = None, http_port: int | None = None) -> tuple[ActualState, ServeObservation]:
         """Observe Serve, Jobs (argus's proven ones), capacity, and the runs the status branch
-        recorded. ``paths``: the cluster's paths, to find checkpoints (None: not looked up).
-        Raises RayUnavailable (apply nothing then)."""
+        recorded. ``paths``: the cluster's paths, to find checkpoints (None: not looked up);
+        ``http_port``: Serve's port, where models Serve calls RUNNING are asked for an answer
+        (None: not asked). Raises RayUnavailable (apply nothing then)."""
         serve = observe_serve(self.dash)
+        prober = self._model_prober(http_port) if http_port is not None else None
+        models = prober.check(serve.models, serve.apps, serve.replica_ids) if prober else dict(serve.models)
         jobs = observe_job_records(self.dash, self.ownership_key, paths, self._checkpoints)
         capacity = self._capacity()
         self.foreign = jobs.foreign
@@ -284,13 +306,27 @@ class Reconciler:
                     json.dumps({"event": "foreign_job", "submission_id": job.submission_id, "claims": job.claims})
                 )
         known = {j.submission_id for j in jobs.owned}
-        records = recorded_runs(self.status_docs(), paths, skip=known, memo=self._checkpoints)
+        docs = self.status_docs()
+        records = recorded_runs(docs, paths, skip=known, memo=self._checkpoints)
+        recorded_sids, recorded_by = preemptions(docs)
+        # What this daemon preempted and the status branch does not hold yet (a report may be
+        # superseded before it is written): kept here until the branch records it.
+        self._preempted_runs -= recorded_sids
+        self._preempted = {k: v for k, v in self._preempted.items() if recorded_by.get(k) != v}
+        preempted_runs = recorded_sids | self._preempted_runs
+        preempted_by = {**recorded_by, **self._preempted}
+        # Ray reports a preempted attempt as STOPPED; the status branch knows argus stopped it to resume it.
+        owned = [
+            replace(j, status=PREEMPTED) if j.status == "STOPPED" and j.submission_id in preempted_runs else j
+            for j in jobs.owned
+        ]
         actual = ActualState(
-            models=dict(serve.models),
-            jobs=jobs.owned,
+            models=models,
+            jobs=owned,
             capacity=capacity,
             recorded_runs=records,
             foreign_ids=frozenset(j.submission_id for j in jobs.foreign),
+            preempted=preempted_by,
         )
         return actual, serve
 
@@ -303,7 +339,7 @@ class Reconciler:
         commit_time = 0
         if desired is None:
             desired, revision, commit_time = self.load()
-        actual, serve = self.observe(desired.cluster.paths)
+        actual, serve = self.observe(desired.cluster.paths, desired.cluster.serving.http_port)
         if not self._first_seen_seeded:  # a restart keeps the admission order the branch recorded
             docs = self.status_docs()
             self.first_seen = {**first_seen_of(docs), **self.first_seen}
@@ -346,6 +382,7 @@ class Reconciler:
             for j in self.foreign
         )
         self._apply(result)
+        self._prune(desired, actual)
         result.statuses = self._assess_contained(result)
         for key, why in result.failures.items():
             status = result.statuses.get(key)
@@ -356,6 +393,37 @@ class Reconciler:
                 status.state = "FAILED" if status.state not in ("RUNNING", "DEPLOYING") else status.state
             status.reason = f"{status.reason}; apply failed: {why}" if status.reason else f"apply failed: {why}"
         return result
+
+    def _prune(self, desired: DesiredState, actual: ActualState) -> None:
+        """Drop what the memos hold for objects and runs that are gone, so that a daemon running for
+        months with objects coming and going holds memory for what exists now, not for all it saw.
+
+        Refusals, retries and back-off are kept for tasks still in the repository (one entry per task:
+        a new spec replaces its predecessor's in :meth:`_submit`); checkpoint answers for runs Ray or
+        the status branch still lists; foreign ids for jobs Ray still holds; first-seen blobs for
+        objects still queued by their first-seen time.
+        """
+        tasks = desired.tasks.keys() | desired.invalid.keys()
+        for memo in (self._refused, self._retrying):
+            for attempt in [a for a in memo if a[0] not in tasks]:
+                del memo[attempt]
+        self.backoff.prune(lambda attempt: isinstance(attempt, tuple) and attempt[0] in tasks)
+        runs = {j.submission_id for j in actual.jobs} | {j.submission_id for j in actual.recorded_runs}
+        for sid in [s for s in self._checkpoints if s not in runs]:
+            del self._checkpoints[sid]
+        self._foreign_seen &= actual.foreign_ids
+        for key in [k for k in self._seen_blob if k not in self.first_seen]:
+            del self._seen_blob[key]
+        # Preemptions not yet on the status branch: those of tasks deleted meanwhile are never written.
+        self._preempted = {k: v for k, v in self._preempted.items() if k in tasks or k in desired.models}
+        self._preempted_runs = {s for s in self._preempted_runs if _task_of_run(s) in tasks}
+
+    def _forget_other_specs(self, attempt: tuple[ObjectKey, str | None]) -> None:
+        """Forget the refusals, retries and back-off of ``attempt``'s task under other specs."""
+        for memo in (self._refused, self._retrying):
+            for old in [a for a in memo if a[0] == attempt[0] and a != attempt]:
+                del memo[old]
+        self.backoff.prune(lambda other: not (isinstance(other, tuple) and other[0] == attempt[0] and other != attempt))
 
     def _plan_contained(self, desired: DesiredState, planner: Callable[[DesiredState], Plan]) -> Plan:
         """``planner(desired)``; when it raises for some objects, they become invalid (kept as
@@ -422,7 +490,16 @@ class Reconciler:
         plan, desired = result.plan, result.desired
         for action in plan.of(ActionType.STOP_TASK):
             sid = action.submission_id or ""
-            self._record(result, [action.key], self._try(partial(stop_job, self.dash, sid)))
+            error = self._try(partial(stop_job, self.dash, sid))
+            self._record(result, [action.key], error)
+            if error is None and action.preempted_by is not None:
+                self._preempted_runs.add(sid)
+                self._preempted[action.key] = action.preempted_by
+                # Recorded PREEMPTED by this tick's status write: the run resumes, it is not over.
+                result.actual.jobs = [
+                    replace(j, status=PREEMPTED, message=action.reason) if j.submission_id == sid else j
+                    for j in result.actual.jobs
+                ]
         self._apply_serve(result)
         now = time.monotonic()
         submits = []
@@ -450,7 +527,8 @@ class Reconciler:
         for action in submits:
             task = desired.tasks[action.key]
             sid = action.submission_id or ""
-            error = self._try(partial(self._submit, task, desired, result.revision, sid))
+            resume = (action.resume_from, action.first_attempt)
+            error = self._try(partial(self._submit, task, desired, result.revision, sid, resume))
             self._record(result, [action.key], error)
             if error is None:
                 # Ray holds it now: this tick's status write keeps it among the task's runs.
@@ -459,10 +537,19 @@ class Reconciler:
                 )
             faults.point("after_submit")
 
-    def _submit(self, task: TaskSpec, desired: DesiredState, revision: str, sid: str) -> None:
-        """Build and submit one run under ``sid``. Raises PermanentError (cannot be built) or
-        ApplyFailed; a temporary failure is retried with back-off, and the status says why."""
+    def _submit(
+        self,
+        task: TaskSpec,
+        desired: DesiredState,
+        revision: str,
+        sid: str,
+        resume: tuple[str | None, str | None] = (None, None),
+    ) -> None:
+        """Build and submit one run under ``sid`` (``resume``: the preempted attempt it resumes and
+        the run's first attempt). Raises PermanentError (cannot be built) or ApplyFailed; a
+        temporary failure is retried with back-off, and the status says why."""
         attempt = (task.key, task_spec_hash(task))
+        self._forget_other_specs(attempt)
         try:
             body = job_submission(
                 task,
@@ -471,6 +558,8 @@ class Reconciler:
                 secrets_env=self.secrets_env,
                 sid=sid,
                 ownership_key=self.ownership_key,
+                resume_from=resume[0],
+                first_attempt=resume[1],
             )
             submit_job(self.dash, body)
         except (PermanentError, ApplyFailed) as exc:
@@ -492,6 +581,8 @@ class Reconciler:
         PUT carries every other application."""
         plan, desired, serve = result.plan, result.desired, result.serve
         changing = (ActionType.UPDATE_MODEL, ActionType.SCALE_MODEL, ActionType.DEPLOY_MODEL)
+        # A preempted model runs fewer replicas than its file asks for until there is room again.
+        preempted = {a.key: a.replicas for a in plan.of(ActionType.SCALE_MODEL) if a.preempted_by and a.replicas}
         apps: dict[str, dict[str, Any]] = {}
         holders: dict[str, ObjectKey] = {}
         touched: list[ObjectKey] = []
@@ -517,7 +608,10 @@ class Reconciler:
                 result.failures[key] = f"Serve application name {name} is already used by {holders[name]}"
                 continue
             try:
-                app = model_app_config(desired.models[key], desired.cluster, change.source_path, change.spec_hash or "")
+                model = desired.models[key]
+                if key in preempted:
+                    model = replace(model, replicas=preempted[key] or model.replicas)
+                app = model_app_config(model, desired.cluster, change.source_path, change.spec_hash or "")
                 json.dumps(app)  # what the PUT sends must be JSON: fail this model, not the PUT
             except Exception as exc:
                 log.warning("cannot build the application of %s: %r", key, exc)
@@ -535,6 +629,10 @@ class Reconciler:
         if result.serve_put:
             faults.point("serve_put")
         self._record(result, touched, error)
+        if error is None:
+            for action in plan.of(ActionType.SCALE_MODEL):
+                if action.preempted_by is not None and action.key in preempted:
+                    self._preempted[action.key] = action.preempted_by
 
     @staticmethod
     def _record(result: TickResult, keys: list[ObjectKey], error: str | None) -> None:
@@ -560,6 +658,20 @@ class Reconciler:
             log.error("apply failed unexpectedly", exc_info=exc)
             return f"internal error: {exc!r}"
         return None
+
+
+def _serve_url_beside(dashboard_url: str, http_port: int) -> str:
+    """The Serve proxy on the dashboard's host: ``http://<host>:<http_port>``."""
+    parts = urllib.parse.urlsplit(dashboard_url)
+    host = parts.hostname or "127.0.0.1"
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme or 'http'}://{host}:{http_port}"
+
+
+def _task_of_run(sid: str) -> ObjectKey | None:
+    """The task a submission id argus derives names (None when it is not one)."""
+    parsed = parse_submission_id(sid)
+    return ObjectKey(parsed[0], "task", parsed[1]) if parsed is not None else None
 
 
 def _key_of(path: str) -> ObjectKey | None:

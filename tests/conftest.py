@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,3 +69,24 @@ def ray_head() -> Iterator[object]:
         head.stop()
         if not os.environ.get("ARGUS_KEEP_RAY_LOGS"):
             shutil.rmtree(head.temp_dir, ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failing test that used the Ray head explains itself: the Serve replica and vLLM engine
+    logs' last lines go into its report, and the head's logs are kept under
+    ``$ARGUS_TEST_ARTIFACTS`` (default ``.artifacts/``, git-ignored) for the test."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed or "ray_head" not in getattr(item, "fixturenames", ()):
+        return
+    try:
+        head = item._request.getfixturevalue("ray_head")  # type: ignore[attr-defined]
+        tails = head.engine_log_tails(since=time.time() - 3600)
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in item.nodeid)[-150:]
+        root = Path(os.environ.get("ARGUS_TEST_ARTIFACTS") or REPO_ROOT / ".artifacts")
+        saved = head.save_logs(root / "ray-logs" / safe)
+    except Exception as exc:  # diagnostics must never hide the failure itself
+        report.sections.append(("ray engine logs", f"could not collect them: {exc!r}"))
+        return
+    report.sections.append(("ray engine logs", f"all logs kept in {saved}\n{tails or '(no replica or engine logs)'}"))

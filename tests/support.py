@@ -16,7 +16,10 @@ from reconciler.spec.types import ObjectKey, TaskSpec
 if TYPE_CHECKING:
     from reconciler.dashboard import Dashboard
 
-ENGINE = {"max_model_len": 256, "dtype": "bfloat16", "enforce_eager": True}
+# float32: vLLM CPU picks its kernels by processor for bfloat16 (AMX tiles on Intel Xeons that have
+# them, AVX512-BF16 elsewhere, emulation without either); float32 runs the same AVX kernels on every
+# x86 machine, so the suite does not depend on the processor it runs on (docs/notes/vllm-cpu.md).
+ENGINE = {"max_model_len": 256, "dtype": "float32", "enforce_eager": True}
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "test",
     "GIT_AUTHOR_EMAIL": "test@example.com",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from reconciler.dashboard import Dashboard, DashboardError
@@ -91,6 +91,14 @@ class Backoff:
 
     def succeeded(self, key: object) -> None:
         self._next.pop(key, None)
+
+    def prune(self, keep: Callable[[object], bool]) -> None:
+        """Forget every key for which ``keep(key)`` is false (the caller's objects that are gone)."""
+        for key in [k for k in self._next if not keep(k)]:
+            del self._next[key]
+
+    def __len__(self) -> int:
+        return len(self._next)
 
     def retry_in(self, key: object, now: float) -> float | None:
         """Seconds until the next try of ``key`` (None when it is not backing off)."""

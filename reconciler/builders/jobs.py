@@ -65,6 +65,9 @@ LABEL_SPEC = "argus-spec"
 
 ENV_RUN_DIR = "ARGUS_RUN_DIR"
 ENV_CHECKPOINT_DIR = "ARGUS_CHECKPOINT_DIR"
+# A preempted run resumes in a new attempt: ARGUS_RESUME=1 and the previous attempt's run folder.
+ENV_RESUME = "ARGUS_RESUME"
+ENV_RESUME_DIR = "ARGUS_RESUME_DIR"
 
 PPO_MODULE = "verl.trainer.main_ppo"
 SFT_MODULE = "verl.trainer.sft_trainer_ray"
@@ -239,14 +242,30 @@ def verl_argv(task: TaskSpec, cluster: ClusterSpec, *, run_dir: str, wandb: bool
     return ["python3", "-m", verl_module(task), *verl_overrides(task, cluster, run_folder=run_dir, wandb=wandb)]
 
 
-def job_env(task: TaskSpec, cluster: ClusterSpec, *, run_folder: str, secrets_env: Mapping[str, str]) -> dict[str, str]:
-    """Return the job's env: cluster env < task env < run folders < secrets (later wins)."""
+def set_secrets(secrets_env: Mapping[str, str]) -> dict[str, str]:
+    """The secrets that are set: an empty (or blank) value is unset, not a key. ``.env`` files ship
+    ``WANDB_API_KEY=``; passing it on would turn wandb logging on with an empty key."""
+    return {k: str(v) for k, v in secrets_env.items() if str(v).strip()}
+
+
+def job_env(
+    task: TaskSpec,
+    cluster: ClusterSpec,
+    *,
+    run_folder: str,
+    secrets_env: Mapping[str, str],
+    resume_folder: str | None = None,
+) -> dict[str, str]:
+    """Return the job's env: cluster env < task env < run folders < secrets that are set (later wins).
+    ``resume_folder``: the preempted attempt's run folder this attempt resumes from."""
+    resume = {ENV_RESUME: "1", ENV_RESUME_DIR: resume_folder} if resume_folder else {}
     return {
         **{k: str(v) for k, v in cluster.env.items()},
         **{k: str(v) for k, v in task.env.items()},
         ENV_RUN_DIR: run_folder,
         ENV_CHECKPOINT_DIR: checkpoint_dir(run_folder),
-        **{k: str(v) for k, v in secrets_env.items()},
+        **resume,
+        **set_secrets(secrets_env),
     }
 
 
@@ -289,8 +308,17 @@ def job_submission(
     secrets_env: Mapping[str, str],
     sid: str | None = None,
     ownership_key: bytes = b"",
+    resume_from: str | None = None,
+    first_attempt: str | None = None,
 ) -> dict[str, Any]:
     """Return the JSON body of ``POST /api/jobs/`` for one run of ``task``.
+
+    ``resume_from``: the submission id of the preempted attempt this one resumes. A ``command``
+    task then gets ``ARGUS_RESUME=1`` and ``ARGUS_RESUME_DIR`` (that attempt's run folder); a verl
+    task gets ``trainer.resume_mode=auto`` with that attempt's ``default_local_dir``, so verl
+    continues from its latest checkpoint (and saves the next ones there). verl keeps every
+    attempt's checkpoints in the run folder of ``first_attempt`` (the run's first attempt;
+    default ``resume_from``), which is where a resumed attempt's checkpoints are looked up.
 
     ``sid``: the submission id the planner chose (default: the first choice); ``ownership_key``
     signs the run (:func:`ownership_proof`); without it the job is foreign to every daemon.
@@ -305,8 +333,10 @@ def job_submission(
     """
     sid = sid or submission_id(task)
     folder = run_dir(task, cluster, sid)
-    wandb = "WANDB_API_KEY" in secrets_env
-    runtime_env: dict[str, Any] = {"env_vars": job_env(task, cluster, run_folder=folder, secrets_env=secrets_env)}
+    resume_folder = run_dir(task, cluster, resume_from) if resume_from else None
+    wandb = "WANDB_API_KEY" in set_secrets(secrets_env)
+    env = job_env(task, cluster, run_folder=folder, secrets_env=secrets_env, resume_folder=resume_folder)
+    runtime_env: dict[str, Any] = {"env_vars": env}
     body: dict[str, Any] = {
         "submission_id": sid,
         "metadata": job_metadata(task, cluster, run_folder=folder, revision=revision),
@@ -323,7 +353,14 @@ def job_submission(
         if task.working_dir:
             runtime_env["working_dir"] = working_dir_uri(task.working_dir)
     else:
-        body["entrypoint"] = shlex.join(verl_argv(task, cluster, run_dir=folder, wandb=wandb))
+        argv = verl_argv(task, cluster, run_dir=folder, wandb=wandb)
+        if resume_folder:
+            # argus's overrides come before the user's: these two go right after them (hydra: last wins).
+            root = run_dir(task, cluster, first_attempt or resume_from)
+            resume = ["trainer.resume_mode=auto", f"trainer.default_local_dir={hydra_value(checkpoint_dir(root))}"]
+            at = len(argv) - len(task.overrides)
+            argv = [*argv[:at], *resume, *argv[at:]]
+        body["entrypoint"] = shlex.join(argv)
     body["runtime_env"] = runtime_env
     if ownership_key:  # last: the proof covers everything above
         body["metadata"][LABEL_PROOF] = ownership_proof(ownership_key, sid, body)

@@ -48,6 +48,7 @@ def _model(model: ModelSpec, cluster: ClusterSpec) -> dict[str, Any]:
         "source": model.source,
         "source_path": source_path if source_path is not None else pending,
         "served_name": model.served_name,
+        "alias": model.alias,
         "replicas": model.replicas,
         "tensor_parallel_size": model.gpus_per_replica,
         "resources_per_replica": model_resources_per_replica(model, cluster),

@@ -26,6 +26,11 @@ MODEL_IMPORT_PATH = "reconciler.serve_apps.model_app:build_app"
 ROUTER_IMPORT_PATH = "reconciler.serve_apps.router:build_router"
 ROUTER_DEPLOYMENT = "ArgusRouter"  # the deployment name in serve_apps/router.py
 LLM_DEPLOYMENT_PREFIX = "LLMServer:"
+# Serve calls each replica's ``check_health`` (vLLM: is the engine process alive) this often and
+# replaces a replica after three failures in a row: a dead engine is replaced in ~10 s, not the
+# ~30 s of Ray Serve LLM's defaults. Set in the ``deployments`` override, so Serve applies a
+# change of it to running replicas in place.
+HEALTH_CHECK = {"health_check_period_s": 3.0, "health_check_timeout_s": 10.0}
 
 
 def app_name(user: str, name: str) -> str:
@@ -91,6 +96,10 @@ def llm_config(model: ModelSpec, cluster: ClusterSpec, source_path: str) -> dict
         if serving.accelerator_type:
             config["accelerator_type"] = serving.accelerator_type
     config["engine_kwargs"] = engine_kwargs
+    if model.alias_field:
+        # Read by the router (serve_apps/router.py); the default alias <user>-<name> is not
+        # sent: the router derives it from the application name, and configs stay unchanged.
+        config["experimental_configs"] = {"argus_alias": model.alias_field}
     return config
 
 
@@ -120,7 +129,7 @@ def model_app_config(model: ModelSpec, cluster: ClusterSpec, source_path: str, s
             },
             "llm_config": llm_config(model, cluster, source_path),
         },
-        "deployments": [{"name": llm_deployment_name(served), "num_replicas": model.replicas}],
+        "deployments": [{"name": llm_deployment_name(served), "num_replicas": model.replicas, **HEALTH_CHECK}],
     }
 
 

@@ -20,6 +20,7 @@ import tempfile
 from functools import lru_cache
 from typing import Any
 
+from reconciler.checks.snapshots import vllm_snapshot
 from reconciler.spec.types import ModelSpec
 
 Table = dict[str, Any]
@@ -62,10 +63,11 @@ def _cache_file() -> str | None:
 
 @lru_cache(maxsize=1)
 def engine_arg_table() -> Table | None:
-    """Return ``{"version": str, "fields": {name: type}}`` for the installed vLLM, or None when vLLM
-    is missing or cannot be described (then nothing is checked; never a reason to refuse a file)."""
+    """Return ``{"version": str, "fields": {name: type}}`` for the installed vLLM; without vLLM, the
+    pinned vLLM's table shipped with argus (with ``"snapshot": True``). None when vLLM cannot be
+    described (then nothing is checked; never a reason to refuse a file)."""
     if not vllm_available():
-        return None
+        return vllm_snapshot()  # the pinned vLLM's table, shipped with argus (None if this install lacks it)
     cache = _cache_file()
     if cache and os.path.exists(cache):
         try:
@@ -101,7 +103,7 @@ def check_engine_kwargs(model: ModelSpec) -> list[Finding]:
     """Check ``model.engine_kwargs`` keys and value types against vLLM's engine arguments.
 
     Returns ``(("engine_kwargs", key), message)`` per unknown key ("did you mean") or wrong type;
-    ``[]`` when all are known and well typed, or when vLLM is not installed. Never raises.
+    ``[]`` when all are known and well typed, or when no table is available. Never raises.
     """
     table = engine_arg_table()
     if table is None or not model.engine_kwargs:

@@ -1,8 +1,10 @@
 """Check a verl task's hydra overrides against verl's real config. I/O (reads verl's YAML).
 
-verl and hydra are optional: without them :func:`check_overrides` returns ``[]`` and
-:func:`verl_available` says so, so the base install never needs them. Only verl's config
-folder is read (found without importing ``verl``, which would pull in torch and ray).
+hydra is optional (the ``[check]`` extra brings it): without it :func:`check_overrides` returns
+``[]`` and :func:`verl_available` says so, so the base install never needs it. The config tree is
+the installed verl's (what the cluster runs) or, without verl, the copy of the pinned verl's that
+ships with argus (:mod:`reconciler.checks.snapshots`). Only the YAML is read: ``verl`` is never
+imported (it would pull in torch and ray).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from functools import lru_cache
 from typing import Any
 
 from reconciler.builders.jobs import derived_overrides, run_dir, verl_config_name
+from reconciler.checks.snapshots import verl_snapshot_dir
 from reconciler.spec.types import ClusterSpec, TaskSpec
 
 _OVERRIDE_KEY = re.compile(r"Could not (?:override|append to config\.) '([^']+)'")
@@ -22,8 +25,8 @@ _DELETE_KEY = re.compile(r"Could not delete from config\. '([^']+)'")
 _GROUP_KEY = re.compile(r"Could not find '([^']+)'")
 
 
-def verl_config_dir() -> str | None:
-    """Return verl's installed ``trainer/config`` folder, or None when verl is not installed."""
+def installed_verl_config_dir() -> str | None:
+    """Return the installed verl's ``trainer/config`` folder, or None when verl is not installed."""
     try:
         spec = importlib.util.find_spec("verl")
     except (ImportError, ValueError):
@@ -37,9 +40,30 @@ def verl_config_dir() -> str | None:
     return None
 
 
+def verl_config_dir() -> str | None:
+    """The config tree overrides are composed against: the installed verl's, else the shipped copy."""
+    return installed_verl_config_dir() or verl_snapshot_dir()
+
+
+def verl_source() -> str:
+    """Which config tree :func:`verl_config_dir` uses, for notes: ``installed verl`` or the snapshot."""
+    if installed_verl_config_dir():
+        return "the installed verl"
+    version = os.path.join(verl_snapshot_dir() or "", "VERSION")
+    try:
+        with open(version, encoding="utf-8") as fh:
+            return f"verl {fh.read().strip()} (the copy shipped with argus)"
+    except OSError:
+        return "the verl copy shipped with argus"
+
+
 def verl_available() -> bool:
-    """True when verl's configs and hydra are both importable (overrides can be checked)."""
-    return verl_config_dir() is not None and importlib.util.find_spec("hydra") is not None
+    """True when a verl config tree and hydra are both there (overrides can be checked)."""
+    try:
+        hydra = importlib.util.find_spec("hydra") is not None
+    except (ImportError, ValueError):
+        hydra = False
+    return hydra and verl_config_dir() is not None
 
 
 def check_overrides(task: TaskSpec, cluster: ClusterSpec) -> list[tuple[int, str]]:

@@ -9,7 +9,10 @@ Everything returned passes through the redactor (secret values, URL credentials)
 
 from __future__ import annotations
 
+import codecs
 import contextlib
+import http.client
+import queue
 import re
 import threading
 import time
@@ -19,14 +22,32 @@ from typing import Any
 
 from reconciler.builders.jobs import LABEL_TASK, LABEL_USER, MANAGED_BY, MANAGER, proof_valid
 from reconciler.builders.serve import app_name
-from reconciler.dashboard import Dashboard, DashboardError
+from reconciler.dashboard import Dashboard, DashboardError, RayStream
 from reconciler.errors import ArgusError
+from reconciler.logs.slots import Slots
+from reconciler.logs.tail import (
+    CHUNK,
+    DEFAULT_LIMIT_BYTES,
+    DEFAULT_TAIL_LINES,
+    MAX_LIMIT_BYTES,
+    MAX_TAIL_LINES,
+    clamp,
+    driver_node,
+    job_tail,
+    read_last,
+    stream_path,
+)
 from reconciler.plan.actual import FINAL_JOB_STATES
 
 Redact = Callable[[str], str]
 # The daemon's secrets as jobs receive them (reconciler.tick.SECRET_ENV_NAMES).
 SECRET_NAMES = frozenset({"WANDB_API_KEY", "HF_TOKEN"})
 REPLICA_LOG_LINES = 30
+REPLICA_LOG_BYTES = 16 * 1024
+# Below the redactor's whole-text cap (reconciler.redact.MAX_TEXT_CHARS, 1 Mi characters).
+REDACT_PIECE = 512 * 1024
+# A follower starts this many lines before the end, as `kubectl logs -f --tail` does.
+FOLLOW_FROM_LINES = 200
 MAX_REPLICAS_SHOWN = 8
 # Job fields that say what argus derived and submitted (the rest is Ray's bookkeeping).
 _JOB_SPEC_FIELDS = (
@@ -67,12 +88,15 @@ def _sendable(pending: str) -> tuple[str, str]:
     """
     head, newline, rest = pending.rpartition("\n")
     if not newline:
-        return "", pending
+        # One endless line is sent in pieces past the bound, never held whole.
+        return (pending, "") if len(pending) > MAX_HELD_CHARS else ("", pending)
     head += "\n"
     begins = list(_KEY_BEGIN.finditer(head))
     if begins and not _KEY_END.search(head, begins[-1].end()) and len(pending) <= MAX_HELD_CHARS:
         cut = head.rfind("\n", 0, begins[-1].start()) + 1
         return head[:cut], head[cut:] + rest
+    if len(rest) > MAX_HELD_CHARS:
+        return pending, ""
     return head, rest
 
 
@@ -81,10 +105,14 @@ class RayLogs:
 
     ``ownership_key``: the daemon's key; a run is served only when its ``argus-proof`` label
     verifies under it (labels alone prove nothing: code on the cluster can submit jobs that claim
-    to be anyone's). ``poll_s``: how often a followed run is re-read; ``max_follow_s``: a follower
-    is cut off after this long (the client reconnects if it still cares). ``max_followers``: how
-    many runs may be followed at once; each holds a page thread of the web server, so this stays
-    below its page threads (8) and followers can never starve the pages.
+    to be anyone's). Every read is bounded: a run's output is its last lines (``tail``, at most
+    :data:`~reconciler.logs.tail.MAX_TAIL_LINES`) and last bytes (``limit_bytes``), read through
+    Ray's state API; a follower reads one stream from Ray (Ray keeps its offset), is cut off after
+    ``max_follow_s`` or ``max_follow_bytes`` (the client reconnects if it still cares), and
+    ``poll_s`` is how often it checks the run's state. Each read holds a page thread of the web
+    server, so there are few at once: ``max_followers`` followers and ``max_readers`` reads, each
+    at most ``per_user`` for one user's objects and ``per_client`` for one client address; both
+    together stay below the page threads (8), so no log can starve the pages.
     """
 
     def __init__(
@@ -95,7 +123,11 @@ class RayLogs:
         ownership_key: bytes | None = None,
         poll_s: float = 1.0,
         max_follow_s: float = 15 * 60.0,
+        max_follow_bytes: int = 64 * 1024 * 1024,
         max_followers: int = 4,
+        max_readers: int = 3,
+        per_user: int = 2,
+        per_client: int = 2,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.dash = dash
@@ -103,8 +135,10 @@ class RayLogs:
         self.ownership_key = ownership_key
         self.poll_s = poll_s
         self.max_follow_s = max_follow_s
+        self.max_follow_bytes = max_follow_bytes
         self.max_followers = max_followers
-        self._followers = threading.BoundedSemaphore(max_followers)
+        self.followers = Slots(max_followers, per_user, per_client, "live logs followed")
+        self.readers = Slots(max_readers, per_user, per_client, "log reads")
         self.sleep = sleep
 
     # -- tasks ------------------------------------------------------------------------------
@@ -130,6 +164,10 @@ class RayLogs:
             raise LogNotFound(f"Ray does not hold {sid!r} as a run of {user}/tasks/{name}")
         return sid
 
+    def _driver_node(self, sid: str) -> str:
+        """The driver's node of ``sid``. Raises DashboardError (no driver yet), RayUnavailable."""
+        return driver_node(self.dash, sid)
+
     def _job(self, sid: str) -> Mapping[str, Any]:
         try:
             info = self.dash.get(f"/api/jobs/{urllib.parse.quote(sid, safe='')}")
@@ -141,67 +179,134 @@ class RayLogs:
             raise LogNotFound(f"Ray answered nothing for {sid!r}")
         return info
 
-    def _text(self, sid: str) -> str:
-        data = self.dash.get(f"/api/jobs/{urllib.parse.quote(sid, safe='')}/logs")
-        return str(data.get("logs", "")) if isinstance(data, Mapping) else str(data or "")
+    def task_log(
+        self,
+        user: str,
+        name: str,
+        doc: Mapping[str, Any],
+        run: str | None,
+        *,
+        tail: int | None = None,
+        limit_bytes: int | None = None,
+        client: str = "",
+    ) -> str:
+        """The last ``tail`` lines (default 1000) of one run's output, at most ``limit_bytes``
+        (default 1 MiB) of them, redacted; a first line says when bytes were left out.
 
-    def task_log(self, user: str, name: str, doc: Mapping[str, Any], run: str | None) -> str:
-        """The whole output of one run so far, redacted. Raises LogNotFound, RayUnavailable."""
-        sid = self.resolve_run(user, name, doc, run)
-        return self.redact(self._text(sid))
-
-    def follow_task_log(self, user: str, name: str, doc: Mapping[str, Any], run: str | None) -> Iterator[str]:
-        """Check the run now (raises LogNotFound), then return an iterator of redacted output
-        that follows the run until Ray reports it final. It yields ``""`` at every poll, a
-        heartbeat on which the server checks that the client is still there.
-
-        Raises ArgusError when ``max_followers`` runs are followed already (the server answers 503).
+        Raises LogNotFound; ArgusError when too many reads run now (503), RayUnavailable.
         """
         sid = self.resolve_run(user, name, doc, run)
-        if not self._followers.acquire(blocking=False):
-            raise ArgusError(f"too many live logs are followed now (at most {self.max_followers}); retry shortly")
-        stream = self._held(sid)
+        lines = clamp(tail, DEFAULT_TAIL_LINES, MAX_TAIL_LINES)
+        limit = clamp(limit_bytes, DEFAULT_LIMIT_BYTES, MAX_LIMIT_BYTES)
+        refused = self.readers.refusal(user, client)
+        if refused is not None:
+            raise ArgusError(refused)
+        try:
+            found = job_tail(self.dash, sid, lines=lines, limit_bytes=limit)
+        except DashboardError as exc:  # no log file (yet): the run has not started, or its node is gone
+            return f"[argus: Ray has no log for {sid} now (HTTP {exc.status})]\n"
+        finally:
+            self.readers.release(user, client)
+        return found.note(limit) + self._redact_pieces(found.text)
+
+    def _redact_pieces(self, text: str) -> str:
+        """``text`` redacted in pieces of at most :data:`REDACT_PIECE` characters cut at line ends:
+        the redactor cuts a longer text to its first and last half-MiB, and a tail may be 8 MiB. A
+        key block cut in two stays hidden (the redactor hides a BEGIN without END and the body
+        lines before an END)."""
+        out = []
+        start = 0
+        while start < len(text):
+            end = min(len(text), start + REDACT_PIECE)
+            if end < len(text):
+                newline = text.rfind("\n", start, end)
+                end = newline + 1 if newline > start else end
+            out.append(self.redact(text[start:end]))
+            start = end
+        return "".join(out)
+
+    def follow_task_log(
+        self, user: str, name: str, doc: Mapping[str, Any], run: str | None, *, client: str = ""
+    ) -> Iterator[str]:
+        """Check the run now (raises LogNotFound), then return an iterator of redacted output
+        that follows the run from its last lines until Ray reports it final. It yields ``""`` at
+        every poll, a heartbeat on which the server checks that the client is still there.
+
+        Raises ArgusError when the follower slots (in all, of this user, of this client) are
+        taken (the server answers 503).
+        """
+        sid = self.resolve_run(user, name, doc, run)
+        refused = self.followers.refusal(user, client)
+        if refused is not None:
+            raise ArgusError(refused)
+        stream = self._held(sid, user, client)
         next(stream)  # started: from here on, closing or dropping the stream frees the slot
         return stream
 
-    def _held(self, sid: str) -> Iterator[str]:
+    def _held(self, sid: str, user: str, client: str) -> Iterator[str]:
         try:
             yield ""
             yield from self._follow(sid)
         finally:
-            self._followers.release()
+            self.followers.release(user, client)
 
     def _follow(self, sid: str) -> Iterator[str]:
         # Only whole lines are redacted and sent while the run goes on, so that a secret split
         # across two reads is still recognised; the rest is sent when the run ends.
-        sent = 0
+        def opened() -> RayStream:
+            node = self._driver_node(sid)  # none until the driver starts: "missing", opened again later
+            path = stream_path(sid, node, lines=FOLLOW_FROM_LINES, follow=True, interval=self.poll_s)
+            return self.dash.stream(path, timeout=self.max_follow_s + 60)
+
+        reader = _StreamReader(opened)
         pending = ""
+        sent = 0
         deadline = time.monotonic() + self.max_follow_s
-        while True:
-            try:
-                status = str(self._job(sid).get("status", ""))
-                text = self._text(sid)  # read after the status: a final status means complete output
-            except (ArgusError, LookupError) as exc:
-                yield self.redact(pending) + f"\n[argus: stopped following {sid}: {exc}]\n"
-                return
-            if len(text) < sent:  # the log was rotated or rewritten: start over
-                sent = 0
-            pending += text[sent:]
-            sent = len(text)
-            done = status in FINAL_JOB_STATES
-            if done:
-                if pending:
-                    yield self.redact(pending)
-                yield f"[argus: run {sid} {status}]\n"
-                return
-            head, pending = _sendable(pending)
-            if head:
-                yield self.redact(head)
-            if time.monotonic() > deadline:
-                yield self.redact(pending) + f"\n[argus: follow time limit reached; {sid} still {status}]\n"
-                return
-            yield ""  # a heartbeat: the server notices a client that left even while the run is quiet
-            self.sleep(self.poll_s)
+        final_since: float | None = None
+        checked = float("-inf")
+        status = ""
+        try:
+            while True:
+                kind, data = reader.get(self.poll_s)
+                if kind == "data":
+                    pending += data
+                    sent += len(data)
+                elif kind == "missing" and final_since is None:
+                    reader.retry_later(self.poll_s)  # no log file yet: the run has not started
+                elif kind == "missing":  # final without a log file: it never started (Ray's message says why)
+                    yield f"[argus: run {sid} {status}]\n"
+                    return
+                elif kind == "error":
+                    yield self.redact(pending) + f"\n[argus: stopped following {sid}: {data}]\n"
+                    return
+                now = time.monotonic()
+                if final_since is None and now - checked >= self.poll_s:  # one small GET per poll at most
+                    checked = now
+                    try:
+                        status = str(self._job(sid).get("status", ""))
+                    except (ArgusError, LookupError) as exc:
+                        yield self.redact(pending) + f"\n[argus: stopped following {sid}: {exc}]\n"
+                        return
+                if status in FINAL_JOB_STATES and final_since is None:
+                    final_since = now
+                # Ray sends what the file gained every poll: once the run is final and the stream
+                # stayed quiet for two polls, the whole output has arrived.
+                settled = final_since is not None and kind != "data" and now - final_since >= 2 * self.poll_s
+                if settled or kind == "end":
+                    if pending:
+                        yield self.redact(pending)
+                    yield f"[argus: run {sid} {status}]\n" if status in FINAL_JOB_STATES else ""
+                    return
+                head, pending = _sendable(pending)
+                if head:
+                    yield self.redact(head)
+                if now > deadline or sent > self.max_follow_bytes:
+                    limit = "time" if now > deadline else f"{self.max_follow_bytes}-byte"
+                    yield self.redact(pending) + f"\n[argus: follow {limit} limit reached; {sid} still {status}]\n"
+                    return
+                yield ""  # a heartbeat: the server notices a client that left even while the run is quiet
+        finally:
+            reader.close()
 
     def deployed_task_spec(self, user: str, name: str, doc: Mapping[str, Any], run: str | None) -> Any:
         """What argus submitted for a run: entrypoint (verl argv or the command), resources,
@@ -273,12 +378,81 @@ class RayLogs:
         query = urllib.parse.urlencode(
             {"node_id": node, "filename": path.lstrip("/"), "lines": REPLICA_LOG_LINES, "timeout": 5}
         )
-        with contextlib.suppress(ArgusError):
-            data = self.dash.get(f"/api/v0/logs/file?{query}", timeout=10)
-            if isinstance(data, str):
-                return data.splitlines()[-REPLICA_LOG_LINES:]
+        with contextlib.suppress(ArgusError, OSError, http.client.HTTPException):
+            with self.dash.stream(f"/api/v0/logs/file?{query}", timeout=10) as stream:
+                found = read_last(stream, REPLICA_LOG_BYTES, deadline=time.monotonic() + 10)
+            return found.text.splitlines()[-REPLICA_LOG_LINES:]
         return []
 
 
 def _indented(message: Any) -> list[str]:
     return [f"  {line}" for line in str(message or "").splitlines() if line.strip()]
+
+
+class _StreamReader:
+    """Reads one followed stream in its own thread into a small queue (at most ``QUEUE`` chunks:
+    a slow client slows the read from Ray, it never grows memory). ``get(timeout)`` returns
+    ``(kind, text)``: ``data``, ``idle`` (nothing within ``timeout``), ``end``, ``missing`` (Ray has
+    no log file yet: ``retry_later`` opens it again) or ``error``. ``close()`` ends the thread."""
+
+    QUEUE = 8
+
+    def __init__(self, open_stream: Callable[[], RayStream]) -> None:
+        self._open = open_stream
+        self._queue: queue.Queue[tuple[str, str]] = queue.Queue(self.QUEUE)
+        self._stop = threading.Event()
+        self._stream: RayStream | None = None
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, args=(0.0,), name="argus-log-follow", daemon=True)
+        self._thread.start()
+
+    def retry_later(self, delay: float) -> None:
+        self._thread = threading.Thread(target=self._run, args=(delay,), name="argus-log-follow", daemon=True)
+        self._thread.start()
+
+    def _run(self, delay: float) -> None:
+        if self._stop.wait(delay):
+            return
+        try:
+            stream = self._open()
+        except DashboardError as exc:
+            self._put(("missing", f"HTTP {exc.status}"))
+            return
+        except Exception as exc:  # Ray unreachable, or anything else: the follower says so and ends
+            self._put(("error", str(exc)))
+            return
+        with self._lock:
+            if self._stop.is_set():
+                stream.close()
+                return
+            self._stream = stream
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        try:
+            while not self._stop.is_set():
+                data = stream.read1(CHUNK)
+                if not data:
+                    self._put(("data", decoder.decode(b"", final=True)))
+                    self._put(("end", ""))
+                    return
+                self._put(("data", decoder.decode(data)))
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            self._put(("error", f"reading from Ray failed: {exc}"))
+
+    def _put(self, item: tuple[str, str]) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(queue.Full):
+                self._queue.put(item, timeout=0.5)
+                return
+
+    def get(self, timeout: float) -> tuple[str, str]:
+        try:
+            return self._queue.get(timeout=max(timeout, 0.01))
+        except queue.Empty:
+            return "idle", ""
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop.set()
+            stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()

@@ -14,7 +14,6 @@ import json
 import math
 import os
 import re
-import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,11 +31,15 @@ from reconciler.builders.jobs import (
     run_folder,
 )
 from reconciler.dashboard import Dashboard
+from reconciler.logs.tail import job_tail
 from reconciler.plan.actual import ActualJob
 from reconciler.source.localfs import LocalFS
-from reconciler.spec.hashing import SUBMISSION_PREFIX
+from reconciler.spec.hashing import SEPARATOR, SUBMISSION_PREFIX, parse_submission_id
 from reconciler.spec.paths import PathError, resolve_path
 from reconciler.spec.types import ObjectKey, Paths
+
+# Attempts of one run whose folders a checkpoint lookup scans (each is a preemption: few).
+MAX_ATTEMPTS = 16
 
 # Files that make a folder loadable by `from_pretrained` (one is enough, besides config.json).
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -46,6 +49,8 @@ _GLOBAL_STEP = re.compile(r"global_step_(\d+)")
 _MAX_DEPTH = 6
 # A run folder is the job's to fill: past this many entries the scan stops (what it found stands).
 _MAX_ENTRIES = 20_000
+# A status document's log tail: enough for the error, never the whole log.
+TAIL_BYTES = 64 * 1024
 _ENTRYPOINT_FIELDS = (("entrypoint_num_cpus", "CPU"), ("entrypoint_num_gpus", "GPU"), ("entrypoint_memory", "memory"))
 
 
@@ -149,18 +154,32 @@ def checkpoint_of(paths: Paths, user: str, task: str, sid: str) -> str | None:
     A run folder that is itself a symlink, or whose real path is outside the user's real home,
     is not scanned at all (None): a job could point it at ``/`` or at other users' homes.
     """
-    folder = run_folder(paths.users, user, task, sid)
-    home = os.path.realpath(os.path.join(paths.users, user))
-    real = os.path.realpath(folder)
-    if os.path.islink(folder) or os.path.commonpath([real, home]) != home:
-        return None
-    found = find_hf_checkpoint(folder)
+    found = _checkpoint_in(paths, user, task, sid)
+    parsed = parse_submission_id(sid)
+    if found is None and parsed is not None and 1 < parsed[3] <= MAX_ATTEMPTS:
+        # A resumed verl attempt saves into its run's first attempt's folder (builders.jobs.job_submission).
+        base = sid.rsplit(SEPARATOR, 1)[0]
+        for attempt in range(parsed[3] - 1, 0, -1):
+            found = _checkpoint_in(paths, user, task, base if attempt == 1 else f"{base}{SEPARATOR}{attempt}")
+            if found is not None:
+                break
     if found is None:
         return None
     try:
         return resolve_path(found, user, paths, LocalFS())
     except PathError:
         return None
+
+
+def _checkpoint_in(paths: Paths, user: str, task: str, sid: str) -> str | None:
+    """The newest HF checkpoint folder in the run folder of ``sid`` (unresolved), or None when
+    the folder is a symlink or leaves the user's real home."""
+    folder = run_folder(paths.users, user, task, sid)
+    home = os.path.realpath(os.path.join(paths.users, user))
+    real = os.path.realpath(folder)
+    if os.path.islink(folder) or os.path.commonpath([real, home]) != home:
+        return None
+    return find_hf_checkpoint(folder)
 
 
 def _recorded_spec(text: object) -> dict[str, Any] | None:
@@ -208,13 +227,15 @@ def _number(value: object) -> float:
 
 
 def job_log_tail(dash: Dashboard, submission_id: str, lines: int = 50) -> list[str]:
-    """Return the last ``lines`` lines of a job's driver log ([] when there are none).
+    """Return the last ``lines`` lines of a job's driver log ([] when there are none), at most
+    :data:`TAIL_BYTES` of them, read through Ray's bounded state API (never the whole log).
 
     Raises DashboardError (404 for an unknown job) / RayUnavailable from the client.
     """
-    data = dash.get(f"/api/jobs/{urllib.parse.quote(submission_id, safe='')}/logs")
-    text = data.get("logs", "") if isinstance(data, dict) else str(data or "")
-    return text.splitlines()[-lines:] if lines > 0 else []
+    if lines <= 0:
+        return []
+    tail = job_tail(dash, submission_id, lines=lines, limit_bytes=TAIL_BYTES)
+    return tail.text.splitlines()[-lines:]
 
 
 def find_hf_checkpoint(run_dir: str) -> str | None:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from reconciler.observe.jobs import checkpoint_of
-from reconciler.plan.actual import ActualJob
+from reconciler.plan.actual import PREEMPTED, ActualJob
 from reconciler.spec.hashing import parse_submission_id
 from reconciler.spec.types import ObjectKey, Paths
 
@@ -70,3 +70,30 @@ def recorded_runs(
                 )
             )
     return out
+
+
+def preemptions(docs: Mapping[str, Mapping[str, Any]]) -> tuple[frozenset[str], dict[ObjectKey, ObjectKey]]:
+    """What the status branch recorded about preemption: the submission ids of preempted
+    attempts, and which object each preempted object was preempted for. Entries that do not
+    belong to their document's own object are ignored. A record only ever makes argus *resume*
+    a run Ray reports STOPPED (never re-run one Ray reports finished) and order the queue."""
+    sids: set[str] = set()
+    by: dict[ObjectKey, ObjectKey] = {}
+    for path, doc in docs.items():
+        parts = path.split("/")
+        if not isinstance(doc, Mapping) or len(parts) != 4 or parts[0] != "users" or not parts[3].endswith(".yaml"):
+            continue
+        user, kinds, name = parts[1], parts[2], parts[3].removesuffix(".yaml")
+        runs = doc.get("runs") if kinds == "tasks" else None
+        for run in runs if isinstance(runs, list) else []:
+            sid = run.get("submission_id") if isinstance(run, Mapping) else None
+            parsed = parse_submission_id(sid) if isinstance(sid, str) else None
+            if parsed is not None and parsed[:2] == (user, name) and run.get("status") == PREEMPTED:
+                sids.add(str(sid))
+        preemptor = doc.get("preempted_by")
+        if isinstance(preemptor, str) and kinds in ("models", "tasks"):
+            try:
+                by[ObjectKey(user, "model" if kinds == "models" else "task", name)] = ObjectKey.parse(preemptor)
+            except ValueError:
+                continue
+    return frozenset(sids), by

@@ -53,6 +53,11 @@ class Action:
     demand: Mapping[str, float] = field(default_factory=dict)  # resources this action adds
     held: bool = False  # a deletion or stop the mass-deletion guard holds back
     changed: tuple[str, ...] = ()  # field-level diff, "field: old → new" (update_model, stop_task)
+    preempted_by: ObjectKey | None = None  # a stop or scale-down that makes room for this object
+    preemption: str | None = None  # why it may: "reclaim" or "within team"
+    resume_from: str | None = None  # submit_task: the preempted attempt this one resumes
+    first_attempt: str | None = None  # submit_task resuming: the run's first attempt (verl's checkpoints)
+    position: int | None = None  # queue: place among the waiting objects (1 = next)
 
     @property
     def sort_key(self) -> tuple[int, ObjectKey, str]:
@@ -70,6 +75,12 @@ class Action:
             out["held"] = True
         if self.changed:
             out["changed"] = list(self.changed)
+        if self.preempted_by is not None:
+            out["preempted_by"] = str(self.preempted_by)
+            out["preemption"] = self.preemption
+        for name in ("resume_from", "first_attempt", "position"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
         return out
 
 
@@ -87,6 +98,14 @@ class Plan:
     deletions_held: bool = False
     frozen: bool = False
     first_seen: dict[ObjectKey, int] = field(default_factory=dict)
+    # Per queue (team; "" for users in no team) once the plan is applied: nominal, used,
+    # borrowed, lent quota and fair share (empty when cluster.yaml declares no teams).
+    teams: dict[str, dict[str, object]] = field(default_factory=dict)
+
+    @property
+    def preemptions(self) -> list[Action]:
+        """The stops and scale-downs that make room for waiting work."""
+        return [a for a in self.actions if a.preempted_by is not None]
 
     @property
     def has_changes(self) -> bool:
@@ -111,4 +130,5 @@ class Plan:
             "frozen": self.frozen,
             "notes": list(self.notes),
             "actions": [a.to_json() for a in self.actions],
+            **({"teams": self.teams} if self.teams else {}),
         }

@@ -1,6 +1,6 @@
 """Actual state as plain data: what the observers report and what ``argus plan --actual`` reads.
 
-JSON form (documented in the README)::
+JSON form (documented in docs/users/pr-workflow.md)::
 
     {"models": [{"user": "alice", "name": "chat", "served_name": "alice-202611291200-chat",
                  "spec_hash": "...", "replicas": 1, "ready_replicas": 1, "status": "RUNNING",
@@ -26,7 +26,9 @@ from reconciler.spec.types import ObjectKey
 
 Resources = Mapping[str, float]
 
-FINAL_JOB_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+# PREEMPTED: an attempt argus stopped to make room for other work; the run resumes in a new attempt.
+PREEMPTED = "PREEMPTED"
+FINAL_JOB_STATES = frozenset({"SUCCEEDED", "FAILED", "STOPPED", PREEMPTED})
 ACTIVE_JOB_STATES = frozenset({"PENDING", "RUNNING"})
 # A run the status branch recorded as submitted or running that Ray no longer knows: the
 # head restarted under it. Final like the others: resubmitted only after `run:` is bumped.
@@ -47,6 +49,10 @@ class ActualModel:
     message: str = ""
     resources_per_replica: Resources = field(default_factory=dict)
     spec: Mapping[str, Any] | None = None  # the spec fields it was deployed with (field-level diffs)
+    # What a real request through the endpoint found (reconciler.observe.probe); the defaults say
+    # nothing was asked, and then Serve's status stands alone.
+    awaiting_answer: bool = False  # Serve says RUNNING, but no answer came yet for these replicas
+    answer_error: str = ""  # the endpoint's error answer (the engine's exception), when it failed
 
     def placed(self) -> dict[str, float]:
         """Resources Ray already counts as used by this model (its running replicas)."""
@@ -109,6 +115,9 @@ class ActualState:
     # When the daemon first saw each object (UTC epoch seconds), from the status branch: the
     # first-come-first-served order, which an author cannot change by back-dating commits.
     first_seen: dict[ObjectKey, int] = field(default_factory=dict)
+    # Objects argus preempted and which object it preempted them for (from the status branch):
+    # a preempted object is never readmitted ahead of its preemptor, nor preempts it back.
+    preempted: dict[ObjectKey, ObjectKey] = field(default_factory=dict)
 
     def jobs_of(self, key: ObjectKey) -> list[ActualJob]:
         return [j for j in self.jobs if j.key == key]
@@ -184,6 +193,7 @@ class ActualState:
             ],
             "foreign_ids": sorted(self.foreign_ids),
             **({"first_seen": {str(k): v for k, v in sorted(self.first_seen.items())}} if self.first_seen else {}),
+            **({"preempted": {str(k): str(v) for k, v in sorted(self.preempted.items())}} if self.preempted else {}),
         }
 
     @classmethod
@@ -232,6 +242,7 @@ class ActualState:
             ]
             foreign = frozenset(str(s) for s in data.get("foreign_ids", []))
             first_seen = {ObjectKey.parse(k): int(v) for k, v in (data.get("first_seen") or {}).items()}
+            preempted = {ObjectKey.parse(k): ObjectKey.parse(v) for k, v in (data.get("preempted") or {}).items()}
             cap = data.get("capacity", {})
             capacity = Capacity(
                 total={k: float(v) for k, v in cap.get("total", {}).items()},
@@ -247,6 +258,7 @@ class ActualState:
             recorded_runs=recorded,
             foreign_ids=foreign,
             first_seen=first_seen,
+            preempted=preempted,
         )
 
 

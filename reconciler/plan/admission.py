@@ -10,20 +10,28 @@
   later request that fits start while an earlier one waits for more resources;
   ``StrictFIFO`` makes later requests for a resource wait behind the first one that waits for it.
 - Quota waits never block other users, under either policy.
+- Teams, priorities and fair share (:mod:`reconciler.plan.quota`): each team is a queue; the
+  next object admitted is the head of the queue that stays within its nominal quota, then has
+  the lowest fair share, then the highest priority, then was first seen first. Within a queue:
+  highest priority first, then first seen. An object that does not fit may preempt running work
+  (:mod:`reconciler.plan.preemption`).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from reconciler.plan.actions import Action, ActionType, Plan
-from reconciler.plan.actual import ActualState, Capacity, sub
+from reconciler.plan.actual import ActualState, Capacity
 from reconciler.plan.demand import model_resources_per_replica, task_resources
 from reconciler.plan.diff import summarise
-from reconciler.spec.types import ClusterSpec, DesiredState, ObjectKey
+from reconciler.plan.preemption import choose_victims, may_preempt, running_work, victim_action
+from reconciler.plan.quota import EPS, Ledger, fmt, quota_use
+from reconciler.spec.types import GPU, NO_TEAM, ClusterSpec, DesiredState, ObjectKey
 
-EPS = 1e-9
+SHOWN_POSITIONS = 50
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,10 @@ class Candidate:
     action: Action
     request: Mapping[str, float]
 
+    @property
+    def task(self) -> bool:
+        return self.action.type is ActionType.SUBMIT_TASK
+
 
 def order_time(key: ObjectKey, created_at: int, first_seen: Mapping[ObjectKey, int], now: int | None) -> int:
     """When ``key`` joined the queue: its recorded first sighting, else ``now``, else (no
@@ -49,19 +61,50 @@ def order_time(key: ObjectKey, created_at: int, first_seen: Mapping[ObjectKey, i
     return now if now is not None else created_at
 
 
-def fmt(res: Mapping[str, float]) -> str:
-    return ", ".join(f"{v:g} {k}" for k, v in sorted(res.items()) if v) or "nothing"
-
-
-def too_big(request: Mapping[str, float], user: str, cluster: ClusterSpec, total: Mapping[str, float]) -> str | None:
+def too_big(
+    request: Mapping[str, float], user: str, cluster: ClusterSpec, total: Mapping[str, float], task: bool = False
+) -> str | None:
     """Why ``request`` can never be admitted (larger than the cluster or the quota), else None.
 
     ``total`` empty means the cluster's size is unknown: only the quota is checked.
     """
-    gpus = request.get("GPU", 0.0)
+    return over_quota(quota_use(request, task), user, cluster, task) or over_cluster(request, total)
+
+
+def over_quota(amount: Mapping[str, float], user: str, cluster: ClusterSpec, task: bool) -> str | None:
+    """Why a request of ``amount`` (quota resources: GPUs and driver slots) exceeds its user's cap
+    or its team's nominal quota plus borrowing limit (Kueue's ExceedsMaxQuota), else None."""
+    gpus = amount.get(GPU, 0.0)
     quota = cluster.quota(user)
     if quota is not None and gpus > quota + EPS:
         return f"needs {gpus:g} GPU but {user}'s quota is {quota} GPU{'s' if quota != 1 else ''}"
+    if task and cluster.task_limit(user) == 0:
+        return f"{user} may run no task (tasks: 0 in cluster.yaml)"
+    group = cluster.team_of(user)
+    team = cluster.teams.get(group)
+    for r, v in sorted(amount.items()):
+        most = team.max_quota(r) if team is not None else None
+        if most is not None and v > most + EPS:
+            what = "GPU" if r == GPU else "driver slots"
+            return f"needs {v:g} {what} but team {group}'s nominal quota plus borrowing limit is {most:g}"
+    return None
+
+
+def quota_amount(desired: DesiredState, action: Action, resources: Mapping[str, float]) -> dict[str, float]:
+    """The quota resources an action taking Ray ``resources`` counts. A model in CPU serving mode
+    counts its ``gpus_per_replica`` per replica: the CPU profile stands in for a GPU cluster, and
+    its quotas must hold as they would there."""
+    cluster = desired.cluster
+    if action.key.kind == "model" and cluster.serving.accelerator == "cpu":
+        spec = desired.models.get(action.key)
+        cpus = cluster.serving.cpus_per_replica
+        if spec is not None and cpus > 0:
+            return {GPU: resources.get("CPU", 0.0) / cpus * spec.gpus_per_replica}
+    return quota_use(resources, task=action.type is ActionType.SUBMIT_TASK)
+
+
+def over_cluster(request: Mapping[str, float], total: Mapping[str, float]) -> str | None:
+    """Why ``request`` exceeds the whole cluster (``total``; empty: unknown), else None."""
     if total:
         over = {r: v for r, v in request.items() if v > total.get(r, 0.0) + EPS}
         if over:
@@ -79,100 +122,143 @@ def unschedulable(desired: DesiredState, total: Mapping[str, float] | None = Non
         if model.suspend or model.replicas == 0:
             continue
         per = model_resources_per_replica(model, cluster)
-        why = too_big({r: v * model.replicas for r, v in per.items()}, key.user, cluster, total or {})
+        request = {r: v * model.replicas for r, v in per.items()}
+        amount = {GPU: float(model.gpus_per_replica * model.replicas)}
+        why = over_quota(amount, key.user, cluster, False) or over_cluster(request, total or {})
         if why:
             out.append((key, why))
     for key, task in sorted(desired.tasks.items()):
         if task.suspend:
             continue
-        why = too_big(task_resources(task, cluster), key.user, cluster, total or {})
+        why = too_big(task_resources(task, cluster), key.user, cluster, total or {}, task=True)
         if why:
             out.append((key, why))
     return out
 
 
-def accounting(actual: ActualState) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
-    """One pass over owned objects: (granted but not placed, committed, GPUs held per user).
-
-    Written with plain loops: at 10,000 owned objects, building per-object dicts dominated
-    the re-plan time.
-    """
-    unplaced: dict[str, float] = {}
-    committed: dict[str, float] = {}
-    used: dict[str, float] = {}
-    for model in actual.models.values():
-        waiting = max(0, model.replicas - model.ready_replicas)
-        for r, v in model.resources_per_replica.items():
-            committed[r] = committed.get(r, 0.0) + v * model.replicas
-            if waiting:
-                unplaced[r] = unplaced.get(r, 0.0) + v * waiting
-        gpus = model.resources_per_replica.get("GPU", 0.0) * model.replicas
-        used[model.key.user] = used.get(model.key.user, 0.0) + gpus
-    for job in actual.jobs:
-        if not job.active:
-            continue
-        for r, v in job.resources.items():
-            committed[r] = committed.get(r, 0.0) + v
-            if job.status != "RUNNING":
-                unplaced[r] = unplaced.get(r, 0.0) + v
-        used[job.key.user] = used.get(job.key.user, 0.0) + job.resources.get("GPU", 0.0)
-    return unplaced, committed, used
-
-
 def free_capacity(actual: ActualState, capacity: Capacity) -> dict[str, float]:
     """What new work may take: Ray's available resources minus what owned objects were
     granted but have not placed yet, capped by total minus everything owned objects hold."""
-    unplaced, committed, _ = accounting(actual)
-    cap = sub(capacity.total, committed)
-    return {k: max(0.0, min(v, cap.get(k, v))) for k, v in sub(capacity.available, unplaced).items()}
+    return Ledger.of(ClusterSpec(), actual, capacity).free()
 
 
 def admit(
-    desired: DesiredState, actual: ActualState, capacity: Capacity, cands: list[Candidate], result: Plan
+    desired: DesiredState,
+    actual: ActualState,
+    capacity: Capacity,
+    cands: list[Candidate],
+    result: Plan,
+    *,
+    now: int | None = None,
+    busy: frozenset[ObjectKey] = frozenset(),
 ) -> list[Action]:
-    """Admit, queue or mark unschedulable every candidate, oldest first."""
+    """Admit, queue or mark unschedulable every candidate; preempt running work where the
+    rules allow (``busy``: objects this plan already changes, never preempted)."""
     out: list[Action] = []
-    if not cands:  # steady state: nothing waits for admission, no accounting needed
+    cluster = desired.cluster
+    if not cands and not cluster.teams:  # steady state: nothing waits for admission, no accounting needed
         return out
-    known = bool(capacity.total or capacity.available)
-    if not known:
+    ledger = Ledger.of(cluster, actual, capacity)
+    if cands and not ledger.known:
         result.notes.append("capacity unknown (no capacity in the actual state): admission not checked")
-    strict = desired.cluster.admission.policy == "StrictFIFO"
-    unplaced, committed, used = accounting(actual)
-    cap = sub(capacity.total, committed)
-    free = {k: max(0.0, min(v, cap.get(k, v))) for k, v in sub(capacity.available, unplaced).items()}
+    strict = cluster.admission.policy == "StrictFIFO"
+    preempting = may_preempt(cluster)
+    work = running_work(desired, actual, busy) if preempting and cands else []
+    taken: set[ObjectKey] = set()
+    priority = {c.action.key: _priority(desired, c.action.key) for c in cands}
+    amounts = {c.action.key: quota_amount(desired, c.action, c.action.demand) for c in cands}
+    queues: dict[str, deque[Candidate]] = {}
+    for cand in sorted(cands, key=lambda c: (-priority[c.action.key], *c.order, *c.action.key)):
+        group = cluster.team_of(cand.action.key.user) if cluster.teams else NO_TEAM
+        queues.setdefault(group, deque()).append(cand)
+    pending = {c.action.key for c in cands}
+    deferred: list[Candidate] = []
+    waiting: list[int] = []  # indexes into out of queued actions, in queue order
     blocked: dict[str, ObjectKey] = {}  # StrictFIFO: resource -> first object queued for lack of it
-    for cand in sorted(cands, key=lambda c: (*c.order, *c.action.key)):
+    while queues or deferred:
+        if queues:
+            group = _next_queue(queues, ledger, priority, amounts) if len(queues) > 1 else next(iter(queues))
+            cand = queues[group].popleft()
+            if not queues[group]:
+                del queues[group]
+            preemptor = actual.preempted.get(cand.action.key)
+            if preemptor is not None and preemptor in pending and (queues or deferred):
+                deferred.append(cand)  # never readmitted ahead of the object it was preempted for
+                continue
+        else:
+            cand = deferred.pop(0)
         action, user = cand.action, cand.action.key.user
-        never = too_big(cand.request, user, desired.cluster, capacity.total)
+        pending.discard(action.key)
+        never = over_quota(quota_amount(desired, action, cand.request), user, cluster, cand.task)
+        never = f"ExceedsMaxQuota: {never}" if never else over_cluster(cand.request, capacity.total)
         if never is not None:
             out.append(_unschedulable(action, never))
             continue
-        gpus = action.demand.get("GPU", 0.0)
-        quota = desired.cluster.quota(user)
-        if quota is not None and gpus and used.get(user, 0.0) + gpus > quota:
-            reason = f"user quota: needs {gpus:g} GPU, {user} holds {used.get(user, 0.0):g} of {quota} GPUs"
-            out.append(_queued(action, reason))
+        amount = amounts[action.key]
+        short = ledger.short(user, amount, action.demand)
+        behind = sorted(r for r, v in action.demand.items() if v > 0 and r in blocked) if ledger.known else []
+        if short is not None and short.kind != "user" and preempting and not behind:
+            victims = choose_victims(
+                ledger, action.key, priority[action.key], amount, action.demand, work, taken, now, actual.preempted
+            )
+            for victim, why in victims or []:
+                taken.add(victim.key)
+                out.append(victim_action(victim, action.key, why))
+            if victims:
+                short = None
+        if short is not None:
+            waiting.append(len(out))
+            out.append(_queued(action, short.reason))
+            if strict and short.kind == "capacity":
+                for r in short.resources:
+                    blocked.setdefault(r, action.key)
             continue
-        if known:
-            short = {r: v - free.get(r, 0.0) for r, v in action.demand.items() if v > free.get(r, 0.0) + EPS}
-            behind = sorted(r for r, v in action.demand.items() if v > 0 and r in blocked)
-            if short:
-                have = ", ".join(f"{free.get(r, 0.0):g} {r}" for r in sorted(short))
-                reason = f"insufficient capacity: needs {fmt(action.demand)}, free {have} (short by {fmt(short)})"
-                out.append(_queued(action, reason))
-                if strict:
-                    for r in short:
-                        blocked.setdefault(r, action.key)
-                continue
-            if behind:
-                firsts = ", ".join(f"{blocked[r]} ({r})" for r in behind)
-                out.append(_queued(action, f"strict first come, first served: waiting behind {firsts}"))
-                continue
-            free = sub(free, action.demand)
-        used[user] = used.get(user, 0.0) + gpus
+        if behind:
+            firsts = ", ".join(f"{blocked[r]} ({r})" for r in behind)
+            waiting.append(len(out))
+            out.append(_queued(action, f"strict first come, first served: waiting behind {firsts}"))
+            continue
+        ledger.take(user, amount, action.demand)
         out.append(action)
+    for place, index in enumerate(waiting, start=1):
+        queued = out[index]
+        # Exact places only near the head: further back a moving queue would rewrite every
+        # waiting object's status document on every admission.
+        where = f"queue position {place}" if place <= SHOWN_POSITIONS else f"behind {SHOWN_POSITIONS}+ in the queue"
+        out[index] = replace(queued, position=place, reason=f"{queued.reason} [{where}]")
+    if cluster.teams:
+        result.teams = ledger.summary()
     return out
+
+
+def _priority(desired: DesiredState, key: ObjectKey) -> int:
+    spec = desired.models.get(key) if key.kind == "model" else desired.tasks.get(key)
+    return desired.cluster.priority_value(key.kind, spec.priority if spec is not None else None)
+
+
+def _next_queue(
+    queues: Mapping[str, deque[Candidate]],
+    ledger: Ledger,
+    priority: Mapping[ObjectKey, int],
+    amounts: Mapping[ObjectKey, Mapping[str, float]],
+) -> str:
+    """The queue whose head goes next: within its nominal quota first (Kueue admits work that
+    needs no borrowing first), then the lowest fair share with the head admitted, then the head's
+    priority and first sighting."""
+
+    def rank(group: str) -> tuple[bool, float, int, int, int, tuple[str, str, str]]:
+        head = queues[group][0]
+        amount = amounts[head.action.key]
+        share = ledger.share(group, amount)
+        return (
+            not ledger.within_nominal(group, amount),
+            share,
+            -priority[head.action.key],
+            *head.order,
+            head.action.key,
+        )
+
+    return min(queues, key=rank)
 
 
 def _queued(action: Action, reason: str) -> Action:

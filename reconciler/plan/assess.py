@@ -2,13 +2,15 @@
 
 Two separate questions, as in Argo CD: ``state`` is health (what runs: QUEUED, DEPLOYING,
 RUNNING, FAILED, DELETING, STOPPED (``replicas: 0``) for models; QUEUED, SUBMITTED, PENDING,
-RUNNING, SUCCEEDED, FAILED, STOPPED, LOST (Ray forgot it while it ran) for tasks;
+RUNNING, SUCCEEDED, FAILED, STOPPED, LOST (Ray forgot it while it ran), PREEMPTED (stopped to
+make room; it resumes as the next attempt of the same run) for tasks;
 INVALID/SUSPENDED/UNSCHEDULABLE when nothing
 runs), ``sync`` is whether what runs matches git (Synced, OutOfSync, Invalid, Suspended, Held).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from reconciler.plan.actions import Action, ActionType, Plan
@@ -26,6 +28,35 @@ SERVE_TO_STATE = {
 }
 
 
+# Ray's message for a failed entrypoint: this header, then the log's last lines (its first ones
+# are Ray's own: "Runtime env is setting up.", "Running entrypoint for job ...").
+_LOGS_HEADER = ", last available logs (truncated to 20,000 chars):"
+# The line of a log that names the error: a Python exception (`ValueError: ...`, `torch.OutOfMemoryError`),
+# or a line that says it is one.
+_ERROR_LINE = re.compile(
+    r"^(?:[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure)\b|(?:error|fatal|killed)\b)", re.IGNORECASE
+)
+_ACTOR_PREFIX = re.compile(r"^\([^()]{1,200}\)\s*")
+_RAY_NOISE = ("Runtime env is setting up", "Running entrypoint for job")
+REASON_CHARS = 500
+
+
+def failure_reason(message: str) -> str:
+    """A failed run's reason: the error its log ends with (``ValueError: ...``), then Ray's first
+    line (``Job entrypoint command failed with exit code 1``); ``message`` itself when it is not
+    Ray's log-tail form. At most :data:`REASON_CHARS` characters (the whole message stays in the run)."""
+    head, found, logs = message.partition(_LOGS_HEADER)
+    if not found:
+        return message[:REASON_CHARS]
+    # Ray prefixes a worker's lines with its actor and pid: `(TaskRunner pid=4711) ValueError: ...`.
+    lines = [_ACTOR_PREFIX.sub("", line.strip()) for line in logs.splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith(_RAY_NOISE)]
+    errors = [line for line in lines if _ERROR_LINE.match(line)]
+    error = errors[-1] if errors else (lines[-1] if lines else "")
+    reason = f"{error} ({head.strip()})" if error else head.strip()
+    return reason[:REASON_CHARS]
+
+
 @dataclass
 class ObjectStatus:
     """What the status branch and ``argus reconcile`` report for one object."""
@@ -35,12 +66,14 @@ class ObjectStatus:
     sync: str
     reason: str = ""
     served_name: str | None = None
+    alias: str | None = None  # the stable OpenAI name (models only)
     replicas_desired: int | None = None
     replicas_ready: int | None = None
     gpus: float = 0.0
     submission_id: str | None = None
     runs: list[ActualJob] = field(default_factory=list)
     first_seen: int | None = None  # when the daemon first saw it (UTC epoch s): the admission order
+    preempted_by: str | None = None  # the object this tick stops (or scales down) this one for
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {
@@ -53,12 +86,16 @@ class ObjectStatus:
             out["reason"] = self.reason
         if self.key.kind == "model":
             out.update(
-                served_name=self.served_name, replicas={"desired": self.replicas_desired, "ready": self.replicas_ready}
+                served_name=self.served_name,
+                alias=self.alias,
+                replicas={"desired": self.replicas_desired, "ready": self.replicas_ready},
             )
         else:
             out["submission_id"] = self.submission_id
             out["runs"] = [_run_json(j) for j in self.runs]
         out["gpus"] = self.gpus
+        if self.preempted_by:
+            out["preempted_by"] = self.preempted_by
         return out
 
 
@@ -96,7 +133,19 @@ def assess(
         else:
             out[key] = _task(key, desired, jobs.get(key, []), actions, done)
         out[key].first_seen = plan.first_seen.get(key)
+        preemptor = next((a.preempted_by for a in actions if a.preempted_by is not None and done), None)
+        if preemptor is None and _waiting(out[key]):
+            preemptor = actual.preempted.get(key)
+        if preemptor is not None:
+            out[key].preempted_by = str(preemptor)
     return out
+
+
+def _waiting(status: ObjectStatus) -> bool:
+    """Still waiting to get back what preemption took (a task's run, a model's replicas)."""
+    if status.key.kind == "task":
+        return status.state in ("PREEMPTED", "QUEUED")
+    return (status.replicas_ready or 0) < (status.replicas_desired or 0)
 
 
 def _sync(key: ObjectKey, desired: DesiredState, actions: list[Action]) -> str:
@@ -117,12 +166,21 @@ def _model(
     spec = desired.models.get(key)
     status = ObjectStatus(key, "RUNNING", _sync(key, desired, actions))
     status.served_name = spec.served_name if spec else (live.served_name if live else None)
+    status.alias = spec.alias if spec else None
     status.replicas_desired = spec.replicas if spec else (live.replicas if live else None)
     status.replicas_ready = live.ready_replicas if live else 0
     if live:
         status.gpus = live.committed().get("GPU", 0.0)
         status.state = SERVE_TO_STATE.get(live.status, live.status)
         status.reason = live.message
+        if status.state == "RUNNING" and live.awaiting_answer:
+            status.state = "DEPLOYING"
+            why = f": {live.answer_error}" if live.answer_error else ""
+            status.reason = f"replicas started, waiting for the first answer{why}"
+        elif status.state == "RUNNING" and live.answer_error:
+            # Serve's health check has not caught it yet: the endpoint's error is the truth.
+            status.state = "FAILED"
+            status.reason = f"does not answer ({live.answer_error}); Serve replaces a replica whose engine died"
     reasons = [a.reason for a in actions]
     kinds = {a.type for a in actions}
     if done and kinds & {ActionType.DELETE_MODEL, ActionType.STOP_MODEL}:
@@ -160,7 +218,8 @@ def _task(
     elif jobs:
         current = jobs[-1]
     if current is not None:
-        status.state, status.submission_id, status.reason = current.status, current.submission_id, current.message
+        status.state, status.submission_id = current.status, current.submission_id
+        status.reason = failure_reason(current.message) if current.status == "FAILED" else current.message
         status.gpus = current.committed().get("GPU", 0.0)
     if submit is not None and done:
         status.state, status.submission_id = "SUBMITTED", submit.submission_id

@@ -14,8 +14,10 @@ Rules, in the order they apply:
 5. ``replicas: 0`` stops a model: its Serve application goes, its name, file and status stay.
    This is the owner's explicit edit, not a removed file: the mass-deletion guard ignores it.
 6. New work and scale-ups are admitted first come, first served (by the time the daemon first
-   saw the object) within free capacity and per-user GPU quotas; the rest is queued, and what
-   can never fit is unschedulable (:mod:`reconciler.plan.admission`).
+   saw the object) within free capacity, per-user caps and team quotas, by priority and fair
+   share; the rest is queued, and what can never fit is unschedulable; waiting work may
+   preempt running work (:mod:`reconciler.plan.admission`, :mod:`reconciler.plan.preemption`).
+   A preempted run resumes as a new attempt of the same run, never from zero.
 7. The mass-deletion guard holds back deletions unless the head commit approves them.
 """
 
@@ -25,11 +27,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from reconciler.plan.actions import Action, ActionType, Plan
-from reconciler.plan.actual import ActualJob, ActualState, Capacity, Resources, scale, sub
+from reconciler.plan.actual import PREEMPTED, ActualJob, ActualState, Capacity, Resources, scale, sub
 from reconciler.plan.admission import Candidate, admit, free_capacity, order_time
 from reconciler.plan.demand import model_resources_per_replica, task_resources
 from reconciler.plan.diff import field_diff, summarise
-from reconciler.spec.hashing import model_spec_fields, model_spec_hash, submission_id, task_spec_fields, task_spec_hash
+from reconciler.spec.hashing import (
+    model_spec_fields,
+    model_spec_hash,
+    parse_submission_id,
+    submission_id,
+    task_spec_fields,
+    task_spec_hash,
+)
 from reconciler.spec.types import DesiredState, ObjectKey, TaskSpec
 
 __all__ = ["APPROVE_HINT", "free_capacity", "latest_success", "plan"]
@@ -86,7 +95,9 @@ def plan(
     deletions: list[Action] = []
     _plan_models(desired, actual, direct, candidates, deletions, order)
     _plan_tasks(desired, actual, direct, candidates, deletions, order)
-    direct.extend(admit(desired, actual, capacity, candidates, result))
+    busy = frozenset(a.key for a in (*direct, *deletions) if a.type is not ActionType.KEEP)
+    busy |= frozenset(c.action.key for c in candidates)
+    direct.extend(admit(desired, actual, capacity, candidates, result, now=now, busy=busy))
     direct.extend(_guard(desired, actual, deletions, result))
     result.actions = sorted(direct, key=lambda a: a.sort_key)
     return result
@@ -222,13 +233,29 @@ def _plan_tasks(
                         changed=changed,
                     )
                 )
-        if any(j.submission_id == sid or j.spec_hash == digest for j in jobs):
+        attempts = [j for j in jobs if j.submission_id == sid or j.spec_hash == digest]
+        resume = _preempted_attempt(attempts)
+        if attempts and resume is None:
             continue  # this spec already ran or runs (in Ray or on the status branch): never resubmitted
         demand = task_resources(spec, desired.cluster)
-        reason = f"new run {sid} ({spec.workload}, {spec.gpus} GPU{'s' if spec.gpus != 1 else ''})"
-        if sid != submission_id(spec):
-            reason += f"; {submission_id(spec)} is held by a job argus did not submit"
-        action = Action(ActionType.SUBMIT_TASK, key, reason, spec_hash=digest, submission_id=sid, demand=demand)
+        plural = "s" if spec.gpus != 1 else ""
+        if resume is not None:
+            sid = _next_attempt(spec, attempts, actual.foreign_ids)
+            reason = f"resume run {sid} ({spec.workload}, {spec.gpus} GPU{plural}) from preempted {resume}"
+        else:
+            reason = f"new run {sid} ({spec.workload}, {spec.gpus} GPU{plural})"
+            if sid != submission_id(spec):
+                reason += f"; {submission_id(spec)} is held by a job argus did not submit"
+        action = Action(
+            ActionType.SUBMIT_TASK,
+            key,
+            reason,
+            spec_hash=digest,
+            submission_id=sid,
+            demand=demand,
+            resume_from=resume,
+            first_attempt=min(attempts, key=lambda j: _attempt_of(j.submission_id)).submission_id if resume else None,
+        )
         cands.append(Candidate(order.of(key, spec.created_at), action, demand))
 
 
@@ -241,6 +268,28 @@ def _free_submission_id(spec: TaskSpec, foreign: frozenset[str]) -> str:
     """The first submission id of ``spec`` no foreign job holds. Deterministic: a restarted
     daemon that sees the same foreign jobs picks the same id (and the status branch records it)."""
     attempt = 1
+    while (sid := submission_id(spec, attempt)) in foreign:
+        attempt += 1
+    return sid
+
+
+def _preempted_attempt(attempts: list[ActualJob]) -> str | None:
+    """The submission id of the run's latest attempt when argus preempted it (and none is
+    active): the run resumes in a new attempt. None otherwise (it runs, or it ended)."""
+    if not attempts or any(j.active for j in attempts):
+        return None
+    latest = max(attempts, key=lambda j: (_attempt_of(j.submission_id), j.submission_id))
+    return latest.submission_id if latest.status == PREEMPTED else None
+
+
+def _attempt_of(sid: str) -> int:
+    parsed = parse_submission_id(sid)
+    return parsed[3] if parsed is not None else 0
+
+
+def _next_attempt(spec: TaskSpec, attempts: list[ActualJob], foreign: frozenset[str]) -> str:
+    """The next attempt's submission id: after every attempt so far, none a foreign job holds."""
+    attempt = max(_attempt_of(j.submission_id) for j in attempts) + 1
     while (sid := submission_id(spec, attempt)) in foreign:
         attempt += 1
     return sid

@@ -37,7 +37,7 @@ from typing import Any
 
 from reconciler.server.metrics import CONTENT_TYPE, Metrics
 from reconciler.server.webhook import header_problem, pushed_ref, signature_ok
-from reconciler.web.response import PageHandler, Response
+from reconciler.web.response import CLIENT_ADDRESS, PageHandler, Response
 
 log = logging.getLogger("argus.http")
 
@@ -472,6 +472,11 @@ class HttpServer:
 
     def _serve_page(self, sock: socket.socket, request: Request) -> None:
         assert self.pages is not None
+        try:
+            peer = sock.getpeername()
+            CLIENT_ADDRESS.set(str(peer[0]) if isinstance(peer, tuple) else "")
+        except OSError:
+            CLIENT_ADDRESS.set("")
         try:
             response = self.pages(request.method, request.path, request.query)
         except Exception:

@@ -273,6 +273,9 @@ class GitRepo:
             for path in fresh:
                 added[path] = merged.get(path, when)
         base.update(added)
+        if self._listed_at == commit and len(base) > len(self._listed) + 1024:
+            # Paths deleted since are never asked for again (a re-added file is a new add).
+            base = {p: t for p, t in base.items() if p in self._listed}
         self._created, self._created_at = base, commit
         return base
 

@@ -26,7 +26,7 @@ def model_spec_fields(model: ModelSpec, cluster: ClusterSpec, checkpoint: str | 
     can say which field changed and how.
     """
     serving = cluster.serving
-    return {
+    fields: dict[str, object] = {
         "served_name": model.served_name,
         "source": model.source,
         "checkpoint": checkpoint,
@@ -37,6 +37,11 @@ def model_spec_fields(model: ModelSpec, cluster: ClusterSpec, checkpoint: str | 
         "accelerator_type": serving.accelerator_type if serving.accelerator == "gpu" else None,
         "cpus_per_replica": serving.cpus_per_replica,
     }
+    # Only a `served_name:` the file sets travels in the app config (the router derives the
+    # default alias from the application name): models without one keep their hash.
+    if model.alias_field:
+        fields["alias"] = model.alias_field
+    return fields
 
 
 def model_spec_hash(model: ModelSpec, cluster: ClusterSpec, checkpoint: str | None = None) -> str:

@@ -9,15 +9,18 @@ one changed file re-parses only that file.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reconciler.errors import Issue
 from reconciler.spec import schema
+from reconciler.spec.aliases import clashes, namespace_problem
 from reconciler.spec.overrides import check_engine_kwargs, check_model_env, check_overrides, field_name
 from reconciler.spec.paths import FileSystem, PathError, resolve_path, resolve_source
 from reconciler.spec.types import (
+    GPU,
+    SLOTS,
     Admission,
     ClusterSpec,
     DesiredState,
@@ -25,13 +28,16 @@ from reconciler.spec.types import (
     ModelSpec,
     ObjectKey,
     Paths,
+    Preemption,
     Prune,
     RouterSettings,
     Security,
     Serving,
     TaskSpec,
+    Team,
     Training,
     UserPolicy,
+    Workload,
 )
 from reconciler.spec.yamldoc import MAX_BYTES, Document, YamlError, parse
 
@@ -151,6 +157,9 @@ def load(
                     )
                 ]
                 cluster, cluster_valid = ClusterSpec(), False
+            elif scheduling := scheduling_issues(cluster, cluster_doc):
+                cluster_issues = scheduling
+                cluster, cluster_valid = ClusterSpec(), False
         else:
             cluster_valid = False
         issues.extend(cluster_issues)
@@ -191,7 +200,7 @@ def load(
         # Offline, or a file system whose answers are frozen per generation (CachedFS): then
         # the built object is a pure function of the key, and unchanged files are not rebuilt.
         generation = getattr(fs, "generation", None)
-        if (fs is None or generation is not None) and doc is not None and not file_issues:
+        if (fs is None or generation is not None) and doc is not None:
             source = doc.data.get("source")
             has_task = isinstance(source, str) and source.startswith("task:") and (key.user, source[5:]) in task_names
             checks = (id(task_check) if task_check else None, id(model_check) if model_check else None)
@@ -208,24 +217,32 @@ def load(
                     state.invalid[key] = file_issues
                     issues.extend(file_issues)
                 continue
-        if doc is not None and not file_issues:
+        if doc is not None:
+            # Schema violations do not stop the file: the fields they are in are skipped and every
+            # other field is still checked, so one round of fixes clears every independent problem.
+            schema_issues = file_issues
             try:
                 if key.kind == "model":
-                    model, file_issues = _model(key, doc, cluster, fs, when, task_names, model_check)
+                    model, file_issues = _model(key, doc, cluster, fs, when, task_names, model_check, schema_issues)
                     if model is not None:
                         state.models[key] = model
                 else:
-                    task, file_issues = _task(key, doc, cluster, fs, when, task_check)
+                    task, file_issues = _task(key, doc, cluster, fs, when, task_check, schema_issues)
                     if task is not None:
                         state.tasks[key] = task
             except Exception as exc:  # pragma: no cover - a bug must not take down other users
-                file_issues = [Issue(file.path, 0, f"internal error while loading: {exc!r}")]
+                file_issues = [*schema_issues, Issue(file.path, 0, f"internal error while loading: {exc!r}")]
             if memo is not None:
                 built_spec = state.models.get(key) or state.tasks.get(key)
                 cache.remember(cache.built, memo, (built_spec, file_issues), _weight(file))
         if file_issues:
             state.invalid[key] = file_issues
             issues.extend(file_issues)
+    for key, (name, holder) in clashes(state.models.values()).items():
+        model = state.models.pop(key)
+        issue = Issue(key.path, model.alias_line, f"served name {name!r} is already used by {holder.key.path}")
+        state.invalid[key] = [issue]
+        issues.append(issue)
     # A long-running daemon: forget what is no longer in the tree before it crowds out what is
     # (not after every load: rebuilding the tables costs what a re-plan after one push costs).
     dead = (
@@ -364,19 +381,31 @@ def _read(path: str, content: bytes, kind: str) -> tuple[Document | None, list[I
     try:
         doc = parse(path, content)
     except YamlError as exc:
-        return None, [exc.issue]
+        issue = exc.issue
+        if issue.line and not issue.message.startswith("file is "):
+            issue = replace(issue, message=issue.message + STOPPED)
+        return None, [issue]
     found = doc.data.get("kind")
     if "kind" in doc.data and found != kind:
+        # Checked against the wrong schema, every other message would be noise.
         folder = {"Model": "models/", "Task": "tasks/", "Cluster": "the repository root (cluster.yaml)"}[kind]
-        return doc, [Issue(path, doc.line(("kind",)), f"kind: must be {kind!r} for a file in {folder}, got {found!r}")]
+        message = f"kind: must be {kind!r} for a file in {folder}, got {found!r}{STOPPED}"
+        return None, [Issue(path, doc.line(("kind",)), message)]
     return doc, schema.validate(doc, kind)
+
+
+# Said by the errors after which a file is not read further (what follows would be meaningless).
+STOPPED = " (the rest of this file is checked once this is fixed)"
 
 
 def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
     """Build a ClusterSpec from schema-valid data, applying the documented defaults."""
     users = None
     if "users" in data:
-        users = {u: UserPolicy(gpus=(p or {}).get("gpus")) for u, p in (data["users"] or {}).items()}
+        users = {
+            u: UserPolicy(gpus=(p or {}).get("gpus"), tasks=(p or {}).get("tasks"))
+            for u, p in (data["users"] or {}).items()
+        }
     paths = Paths(**data.get("paths", {}))
     serving_data = dict(data.get("serving", {}))
     if "router" in serving_data:
@@ -393,7 +422,24 @@ def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
         sec["admins"] = tuple(sec["admins"])
     security = Security(**sec)
     admission = Admission(**data.get("admission", {}))
+    teams = {
+        name: Team(
+            name=name,
+            members=tuple(t.get("members", ())),
+            nominal=_quota(t.get("quota")),
+            borrowing_limit=_quota(t.get("borrowing_limit")),
+            lending_limit=_quota(t.get("lending_limit")),
+            weight=float(t.get("weight", 1)),
+            priority_classes=tuple(t["priority_classes"]) if "priority_classes" in t else None,
+        )
+        for name, t in (data.get("teams") or {}).items()
+    }
+    defaults = data.get("default_priority") or {}
     return ClusterSpec(
+        teams=teams,
+        priority_classes={k: int(v) for k, v in (data.get("priority_classes") or {}).items()},
+        default_priority={kind: defaults[kind + "s"] for kind in ("model", "task") if kind + "s" in defaults},
+        preemption=Preemption(**data.get("preemption", {})),
         users=users,
         paths=paths,
         serving=serving,
@@ -405,6 +451,51 @@ def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
     )
 
 
+def _quota(data: Mapping[str, Any] | None) -> dict[str, float]:
+    """cluster.yaml's ``{gpus, tasks}`` as quota resources."""
+    names = {"gpus": GPU, "tasks": SLOTS}
+    return {names[k]: float(v) for k, v in (data or {}).items()}
+
+
+def scheduling_issues(cluster: ClusterSpec, doc: Document) -> list[Issue]:
+    """Cross-references of teams and priority classes the schema cannot check, as path:line issues."""
+    out: list[Issue] = []
+    classes = cluster.priority_classes
+    seen: dict[str, str] = {}
+    for name, team in sorted(cluster.teams.items()):
+        for i, member in enumerate(team.members):
+            where = ("teams", name, "members", i)
+            if cluster.users is not None and member not in cluster.users:
+                out.append(_at(doc, where, f"user {member!r} is not declared under `users:`"))
+            elif member in seen:
+                out.append(_at(doc, where, f"user {member!r} is already a member of team {seen[member]!r}"))
+            else:
+                seen[member] = name
+        for i, cls in enumerate(team.priority_classes or ()):
+            if cls not in classes:
+                out.append(_at(doc, ("teams", name, "priority_classes", i), f"no priority class {cls!r}"))
+    for kind, cls in sorted(cluster.default_priority.items()):
+        if cls not in classes:
+            out.append(_at(doc, ("default_priority", kind + "s"), f"no priority class {cls!r}"))
+    return out
+
+
+def priority_issue(doc: Document, cluster: ClusterSpec, user: str, kind: str, chosen: object) -> Issue | None:
+    """Why ``user`` may not run an object of ``kind`` at priority ``chosen`` (her own or the default), else None."""
+    name = chosen if isinstance(chosen, str) else cluster.default_priority.get(kind)
+    if name is None:
+        return None
+    where: tuple[str | int, ...] = ("priority",) if isinstance(chosen, str) else ("kind",)
+    if name not in cluster.priority_classes:
+        known = ", ".join(sorted(cluster.priority_classes)) or "none are declared"
+        return _at(doc, where, f"no priority class {name!r} in cluster.yaml ({known})")
+    team = cluster.teams.get(cluster.team_of(user))
+    if team is not None and team.priority_classes is not None and name not in team.priority_classes:
+        allowed = ", ".join(team.priority_classes) or "none"
+        return _at(doc, where, f"team {team.name!r} may not use priority class {name!r} (it may use: {allowed})")
+    return None
+
+
 def _model(
     key: ObjectKey,
     doc: Document,
@@ -413,23 +504,29 @@ def _model(
     when: int,
     task_names: set[tuple[str, str]],
     model_check: ModelCheck | None = None,
+    schema_issues: Sequence[Issue] = (),
 ) -> tuple[ModelSpec | None, list[Issue]]:
-    data = _integral(doc.data)
-    source: str = data["source"]
+    """Build the model, or return None and every problem of the file (``schema_issues`` first:
+    the fields they are in are skipped, every other field is still checked)."""
+    data, _ = _usable(doc, "Model", schema_issues)
+    issues = list(schema_issues)
+    source: str | None = data.get("source")
     line = doc.line(("source",))
     source_path: str | None = None
     source_task: str | None = None
-    if source.startswith("task:"):
+    if source is None:
+        pass  # missing or malformed: already reported
+    elif source.startswith("task:"):
         source_task = source[len("task:") :]
         if not NAME_RE.fullmatch(source_task):
-            return None, [Issue(doc.path, line, f"source: {source!r}: task name must match {NAME_RULE}")]
-        if (key.user, source_task) not in task_names:
-            return None, [Issue(doc.path, line, f"source: no task users/{key.user}/tasks/{source_task}.yaml")]
+            issues.append(Issue(doc.path, line, f"source: {source!r}: task name must match {NAME_RULE}"))
+        elif (key.user, source_task) not in task_names:
+            issues.append(Issue(doc.path, line, f"source: no task users/{key.user}/tasks/{source_task}.yaml"))
     else:
         try:
             source_path = resolve_source(source, key.user, cluster.paths, fs)
         except PathError as exc:
-            return None, [Issue(doc.path, line, f"source: {exc}")]
+            issues.append(Issue(doc.path, line, f"source: {exc}"))
     engine_kwargs, engine_refused = check_engine_kwargs(
         data.get("engine_kwargs", {}),
         user=key.user,
@@ -446,11 +543,22 @@ def _model(
     )
     refused = [(("engine_kwargs", *where), m) for where, m in engine_refused]
     refused += [(("env", *where), m) for where, m in env_refused]
-    if refused:
-        return None, [_at(doc, where, message) for where, message in refused]
+    issues.extend(_at(doc, where, message) for where, message in refused)
+    written = data.get("served_name")
+    alias_field = written if isinstance(written, str) and written else None  # a bad type is the schema's error
+    alias_line = doc.line(("served_name",)) if alias_field else line
+    alias = alias_field or f"{key.user}-{key.name}"
+    problem = namespace_problem(alias, key.user, cluster.users or ())
+    if problem and alias_field:
+        issues.append(_at(doc, ("served_name",), f"{alias!r} {problem}"))
+    elif problem:
+        issues.append(Issue(doc.path, line, f"the default alias {alias!r} {problem}: set `served_name:`"))
+    bad_priority = priority_issue(doc, cluster, key.user, "model", data.get("priority"))
+    if bad_priority:
+        issues.append(bad_priority)
     model = ModelSpec(
         key=key,
-        source=source,
+        source=source or "",
         source_path=source_path,
         source_task=source_task,
         replicas=data.get("replicas", 1),
@@ -460,11 +568,51 @@ def _model(
         suspend=bool(data.get("suspend", False)),
         created_at=when,
         line=line,
+        may_wait=bool(data.get("may_wait", False)),
+        priority=data.get("priority"),
+        min_replicas=data.get("min_replicas"),
+        alias_field=alias_field,
+        alias_line=alias_line,
     )
-    found = model_check(model) if model_check is not None else []
-    if found:
-        return None, [_at(doc, where, message) for where, message in found]
+    if model_check is not None:
+        # vLLM's table judges only what argus's own rules let through (a refused key is reported once).
+        refused_keys = {where[1] for where, _ in refused if where[0] == "engine_kwargs" and len(where) > 1}
+        checked = {k: v for k, v in engine_kwargs.items() if k not in refused_keys}
+        if checked:
+            from dataclasses import replace as with_fields
+
+            found = model_check(with_fields(model, engine_kwargs=checked))
+            issues.extend(_at(doc, where, message) for where, message in found)
+    if issues:
+        return None, _ordered(issues)
     return model, []
+
+
+def _usable(
+    doc: Document, kind: str, schema_issues: Sequence[Issue]
+) -> tuple[dict[str, Any], set[tuple[str | int, ...]]]:
+    """``doc``'s data without the fields that hold a schema violation, and those fields' paths.
+
+    A violation one level down (``engine_kwargs.x``, ``env.X``, ``data.train``) drops only that
+    entry; list items (``overrides[3]``) stay in place, listed in the returned paths, so the other
+    items keep their indices (and lines)."""
+    data = _integral(doc.data)
+    if not schema_issues:
+        return data, set()
+    bad = schema.invalid_paths(doc, kind)
+    for where in bad:
+        if len(where) == 1:
+            data.pop(str(where[0]), None)
+        elif isinstance(data.get(str(where[0])), dict):
+            inner = dict(data[str(where[0])])
+            inner.pop(str(where[1]), None)
+            data[str(where[0])] = inner
+    return data, bad
+
+
+def _ordered(issues: list[Issue]) -> list[Issue]:
+    """Each issue once, by line (the order a reader fixes them in)."""
+    return sorted(set(issues))
 
 
 def _at(doc: Document, where: tuple[str | int, ...], message: str) -> Issue:
@@ -476,7 +624,7 @@ TASK_DEFAULTS: dict[str, Any] = {"nodes": 1, "gpus_per_node": 1, "env": {}, "run
 TRAINER_DEFAULTS: dict[str, Any] = {"epochs": 1, "overrides": []}
 
 
-INTEGER_FIELDS = ("replicas", "gpus_per_replica", "nodes", "gpus_per_node", "epochs", "steps", "run")
+INTEGER_FIELDS = ("replicas", "min_replicas", "gpus_per_replica", "nodes", "gpus_per_node", "epochs", "steps", "run")
 
 
 def _integral(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -490,11 +638,19 @@ def _integral(data: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _task(
-    key: ObjectKey, doc: Document, cluster: ClusterSpec, fs: FileSystem | None, when: int, task_check: TaskCheck | None
+    key: ObjectKey,
+    doc: Document,
+    cluster: ClusterSpec,
+    fs: FileSystem | None,
+    when: int,
+    task_check: TaskCheck | None,
+    schema_issues: Sequence[Issue] = (),
 ) -> tuple[TaskSpec | None, list[Issue]]:
-    data = _integral(doc.data)
-    issues: list[Issue] = []
-    workload = data["workload"]
+    """Build the task, or return None and every problem of the file (``schema_issues`` first:
+    the fields they are in are skipped, every other field is still checked, verl's config included)."""
+    data, bad = _usable(doc, "Task", schema_issues)
+    issues: list[Issue] = list(schema_issues)
+    workload: Workload | None = data.get("workload")
     raw = {**TASK_DEFAULTS, **({} if workload == "command" else TRAINER_DEFAULTS), **data}
 
     def checked(field_path: tuple[str, ...], value: str | None, *, hf: bool = False) -> str | None:
@@ -517,23 +673,31 @@ def _task(
         issues.append(
             Issue(doc.path, doc.line(("nodes",)), "nodes: workload: command runs on a single node (nodes: 1)")
         )
-    overrides_in = list(data.get("overrides", []))
+    # Items with a schema violation (not `a.b=value`) are skipped; the others keep their index and line.
+    overrides_all = list(data.get("overrides", []))
+    kept = [i for i, text in enumerate(overrides_all) if ("overrides", i) not in bad and isinstance(text, str)]
+    # A malformed size is reported already; check parallel sizes against the largest legal one meanwhile.
+    nodes = raw["nodes"] if ("nodes",) not in bad else 64
+    gpus_per_node = raw["gpus_per_node"] if ("gpus_per_node",) not in bad else 8
     overrides_out, refused = check_overrides(
-        overrides_in,
+        [overrides_all[i] for i in kept],
         user=key.user,
-        nodes=raw["nodes"],
-        gpus_per_node=raw["gpus_per_node"],
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
         paths=cluster.paths,
         fs=fs,
         allow_trust_remote_code=cluster.serving.allow_trust_remote_code,
     )
-    issues.extend(_at(doc, ("overrides", i), message) for i, message in refused)
-    if issues:
-        return None, issues
-    overrides = tuple(overrides_out)
+    issues.extend(_at(doc, ("overrides", kept[i]), message) for i, message in refused)
+    bad_priority = priority_issue(doc, cluster, key.user, "task", data.get("priority"))
+    if bad_priority:
+        issues.append(bad_priority)
+    refused_at = {i for i, _ in refused}
+    # verl composes only what argus's own rules accept (each problem is reported once).
+    composed = [n for n in range(len(kept)) if n not in refused_at]
     task = TaskSpec(
         key=key,
-        workload=workload,
+        workload=workload or "command",
         model=data.get("model"),
         model_path=model_path,
         data_train=train,
@@ -542,18 +706,22 @@ def _task(
         gpus_per_node=raw["gpus_per_node"],
         epochs=raw.get("epochs", 1),
         steps=data.get("steps"),
-        overrides=overrides,
-        override_lines=tuple(doc.line(("overrides", i)) for i in range(len(overrides))),
+        overrides=tuple(overrides_out[n] for n in composed),
+        override_lines=tuple(doc.line(("overrides", kept[n])) for n in composed),
         command=data.get("command"),
         working_dir=working_dir,
         env=dict(data.get("env", {})),
         run=raw["run"],
         suspend=bool(data.get("suspend", False)),
         created_at=when,
-        raw={k: v for k, v in raw.items() if k != "suspend"},
+        # None of them says what runs (`priority` is scheduling): changing them never re-runs the task.
+        raw={k: v for k, v in raw.items() if k not in ("suspend", "may_wait", "priority")},
+        may_wait=bool(data.get("may_wait", False)),
+        priority=data.get("priority"),
     )
-    if task_check is not None and workload != "command":
-        found = task_check(task, cluster)
-        if found:
-            return None, [Issue(doc.path, line, message) for line, message in found]
+    # A malformed size or epoch count stands at its default here: verl's compose does not judge them.
+    if task_check is not None and workload is not None and workload != "command":
+        issues.extend(Issue(doc.path, line, message) for line, message in task_check(task, cluster))
+    if issues:
+        return None, _ordered(issues)
     return task, []

@@ -85,6 +85,27 @@ def validate(doc: Document, kind: str) -> list[Issue]:
     return sorted(set(issues))
 
 
+def invalid_paths(doc: Document, kind: str) -> set[tuple[str | int, ...]]:
+    """Return the field paths (at most two deep: ``("engine_kwargs", "x")``, ``("overrides", 3)``)
+    that hold a schema violation or a value JSON cannot carry: the fields the loader's further
+    checks skip, so one bad field never hides another field's problems. A missing required key
+    holds no value and is not listed."""
+    bad: set[tuple[str | int, ...]] = set()
+    for error in _validator(kind).iter_errors(doc.data):
+        where = tuple(error.absolute_path)
+        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+            allowed = error.schema.get("properties", {}) if isinstance(error.schema, Mapping) else {}
+            bad.update((*where, k) for k in error.instance if k not in allowed)
+        elif "propertyNames" in error.schema_path and isinstance(error.instance, str):
+            bad.add((*where, error.instance))
+        elif error.schema is False:
+            bad.update((k,) for k, v in doc.data.items() if v is error.instance)
+        elif error.validator != "required" and where:
+            bad.add(where)
+    bad.update(where for where, _ in doc.not_json if where)
+    return {where[:2] for where in bad}
+
+
 JSON_TYPES = ["string", "number", "boolean", "null", "array", "object"]
 
 
@@ -125,6 +146,16 @@ def _to_issues(doc: Document, error: ValidationError) -> list[Issue]:
             suggestion = f" (did you mean {hint[0]!r}?)" if hint else f" (allowed: {', '.join(allowed)})"
             out.append(Issue(doc.path, doc.line((*where, key)), f"{_field((*where, key))}: unknown key{suggestion}"))
         return out
+    if validator in ("maxLength", "maxItems", "maxProperties"):
+        # Never quote the value: it is what is too long (and may be a secret).
+        unit = {"maxLength": "characters", "maxItems": "items", "maxProperties": "keys"}[str(validator)]
+        size = len(error.instance) if isinstance(error.instance, (str, list, dict)) else "?"
+        limit = error.validator_value
+        if "propertyNames" in error.schema_path and isinstance(error.instance, str):
+            key = error.instance
+            message = f"{_field((*where, key[:32] + '…'))}: the name is {size} {unit}; the limit is {limit}"
+            return [Issue(doc.path, doc.line((*where, key)), message)]
+        return [Issue(doc.path, doc.line(where), f"{prefix}{size} {unit}; the limit is {limit}")]
     if "propertyNames" in error.schema_path and isinstance(error.instance, str):
         # A bad key (env name, forbidden engine argument): report it on the key's own line.
         key = error.instance

@@ -46,6 +46,62 @@ class ObjectKey(NamedTuple):
 @dataclass(frozen=True)
 class UserPolicy:
     gpus: int | None = None  # quota; None = unlimited
+    tasks: int | None = None  # most tasks running at once (each driver takes a driver slot); None = unlimited
+
+
+# Quota resources: GPUs, and driver slots (one per active task: every task's driver takes
+# `training.driver_resources`, a resource only worker nodes offer).
+GPU = "GPU"
+SLOTS = "tasks"
+QUOTA_RESOURCES = (GPU, SLOTS)
+NO_TEAM = ""  # the queue of users in no team: nominal quota 0, so all it runs is borrowed
+
+
+@dataclass(frozen=True)
+class Team:
+    """A team (Kueue's ClusterQueue in the cluster's one cohort): members and quotas.
+
+    ``nominal``: quota resource -> amount the team is guaranteed (reclaimed by preemption
+    when others borrowed it). ``borrowing_limit``: most it may use beyond ``nominal`` (absent
+    resource: unlimited). ``lending_limit``: most of its idle ``nominal`` others may borrow
+    (absent: all of it). ``priority_classes``: the classes its members may use (None: all).
+    """
+
+    name: str
+    members: tuple[str, ...] = ()
+    nominal: Mapping[str, float] = field(default_factory=dict)
+    borrowing_limit: Mapping[str, float] = field(default_factory=dict)
+    lending_limit: Mapping[str, float] = field(default_factory=dict)
+    weight: float = 1.0
+    priority_classes: tuple[str, ...] | None = None
+
+    def guaranteed(self, resource: str) -> float:
+        """The part of the nominal quota never lent."""
+        nominal = self.nominal.get(resource, 0.0)
+        lend = self.lending_limit.get(resource)
+        return 0.0 if lend is None else max(0.0, nominal - lend)
+
+    def max_quota(self, resource: str) -> float | None:
+        """Nominal plus borrowing limit; None = no limit."""
+        limit = self.borrowing_limit.get(resource)
+        return None if limit is None else self.nominal.get(resource, 0.0) + limit
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """When waiting work may stop running work (``preemption:`` in cluster.yaml).
+
+    ``reclaim`` (Kueue's reclaimWithinCohort): a team asking for its nominal quota may stop
+    work of other teams that borrow: ``Any`` priority, only ``LowerPriority``, or ``Never``.
+    ``within_team`` (withinClusterQueue): ``LowerPriority`` work of the same team, or ``Never``.
+    ``min_run_seconds``: a task younger than this is never preempted (hysteresis).
+    ``models``: whether model replicas above a model's ``min_replicas`` may be preempted.
+    """
+
+    reclaim: Literal["Any", "LowerPriority", "Never"] = "Any"
+    within_team: Literal["LowerPriority", "Never"] = "LowerPriority"
+    min_run_seconds: int = 0
+    models: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,12 +175,34 @@ class ClusterSpec:
     prune: Prune = field(default_factory=Prune)
     security: Security = field(default_factory=Security)
     admission: Admission = field(default_factory=Admission)
+    teams: Mapping[str, Team] = field(default_factory=dict)
+    priority_classes: Mapping[str, int] = field(default_factory=dict)  # name -> value
+    default_priority: Mapping[str, str] = field(default_factory=dict)  # "model"/"task" -> class name
+    preemption: Preemption = field(default_factory=Preemption)
 
     def quota(self, user: str) -> int | None:
         if self.users is None:
             return None
         policy = self.users.get(user)
         return policy.gpus if policy else None
+
+    def task_limit(self, user: str) -> int | None:
+        """Most tasks ``user`` may run at once (driver slots); None = no limit."""
+        policy = self.users.get(user) if self.users is not None else None
+        return policy.tasks if policy else None
+
+    def team_of(self, user: str) -> str:
+        """The team ``user`` is a member of, or NO_TEAM."""
+        memo: dict[str, str] | None = self.__dict__.get("_argus_members")
+        if memo is None:
+            memo = {m: t.name for t in self.teams.values() for m in t.members}
+            object.__setattr__(self, "_argus_members", memo)  # frozen: memoised like a cached property
+        return memo.get(user, NO_TEAM)
+
+    def priority_value(self, kind: str, name: str | None) -> int:
+        """The value of priority class ``name`` (or the kind's default); 0 when none is declared."""
+        chosen = name or self.default_priority.get(kind)
+        return self.priority_classes.get(chosen, 0) if chosen else 0
 
 
 @dataclass(frozen=True)
@@ -143,10 +221,20 @@ class ModelSpec:
     suspend: bool
     created_at: int  # UTC epoch seconds of the commit that added the file
     line: int = 1  # line of `source`, for messages
+    priority: str | None = None  # priority class; None: the cluster's default for models
+    min_replicas: int | None = None  # replicas never preempted; None: the model is never preempted
+    alias_field: str | None = None  # `served_name:` as written (None: the default alias)
+    alias_line: int = 1  # line of `served_name` (of `source` without one), for messages
+    may_wait: bool = False  # the author accepts UNSCHEDULABLE (the PR check warns, not fails); not hashed
 
     @property
     def served_name(self) -> str:
         return served_name(self.key.user, self.key.name, self.created_at)
+
+    @property
+    def alias(self) -> str:
+        """The stable OpenAI name: ``served_name:`` of the file, else ``<user>-<name>``."""
+        return self.alias_field or f"{self.key.user}-{self.key.name}"
 
 
 @dataclass(frozen=True)
@@ -172,6 +260,8 @@ class TaskSpec:
     suspend: bool
     created_at: int
     raw: Mapping[str, object] = field(default_factory=dict, compare=False)  # normalised spec, for the hash
+    priority: str | None = None  # priority class; None: the cluster's default for tasks
+    may_wait: bool = False  # the author accepts UNSCHEDULABLE (the PR check warns, not fails); not hashed
 
     @property
     def gpus(self) -> int:
@@ -194,6 +284,7 @@ class DesiredState:
     cluster_valid: bool = True
     revision: str | None = None
     approve_prune: bool = False
+    skipped: list[str] = field(default_factory=list)  # checks that did not run on it (said by the CLI)
 
     @property
     def object_count(self) -> int:

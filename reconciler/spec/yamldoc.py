@@ -183,10 +183,11 @@ def _parse_python(path: str, text: str) -> Document:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 0
+        column = mark.column + 1 if mark is not None else 0
         problem = exc.problem or str(exc)
         if "expected a single document" in str(exc):
             problem = "only one YAML document per file is allowed (found a second `---` document)"
-        raise YamlError(Issue(path, line, f"invalid YAML: {problem}")) from exc
+        raise YamlError(Issue(path, line, f"invalid YAML: {problem}", column)) from exc
     except yaml.YAMLError as exc:
         raise YamlError(Issue(path, 0, f"invalid YAML: {exc}")) from exc
     finally:
@@ -251,7 +252,14 @@ class _Walk:
                     key = str(key_node.value)
                 if key in out:
                     first = doc.lines.get((*where, key), 0)
-                    raise YamlError(Issue(doc.path, line, f"duplicate key {key!r} (first defined on line {first})"))
+                    raise YamlError(
+                        Issue(
+                            doc.path,
+                            line,
+                            f"duplicate key {key!r} (first defined on line {first})",
+                            key_node.start_mark.column + 1,
+                        )
+                    )
                 doc.lines[(*where, key)] = line
                 out[key] = self.convert(value_node, (*where, key), depth + 1)
             return out

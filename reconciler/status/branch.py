@@ -28,9 +28,15 @@ AUTHOR = {
 }
 
 
-def tip(repo: str, branch: str, *, remote_too: bool = False) -> str | None:
-    """The commit of ``branch`` (or, with ``remote_too``, of ``origin/<branch>``); None if absent."""
-    refs = [f"refs/heads/{branch}"] + ([f"refs/remotes/origin/{branch}"] if remote_too else [])
+def tip(repo: str, branch: str, *, remote_too: bool | str = False) -> str | None:
+    """The commit of ``branch`` (or, with ``remote_too``, of ``origin/<branch>``); None if absent.
+
+    ``remote_too`` a remote's name: ``<remote>/<branch>`` first (the copy just fetched from where the
+    daemon writes), then the local branch."""
+    if isinstance(remote_too, str):
+        refs = [f"refs/remotes/{remote_too}/{branch}", f"refs/heads/{branch}"]
+    else:
+        refs = [f"refs/heads/{branch}"] + ([f"refs/remotes/origin/{branch}"] if remote_too else [])
     for ref in refs:
         out = subprocess.run(
             ["git", "-C", repo, "rev-parse", "--verify", "--quiet", ref], capture_output=True, text=True
@@ -41,7 +47,7 @@ def tip(repo: str, branch: str, *, remote_too: bool = False) -> str | None:
 
 
 def read_documents(
-    repo: str, branch: str, *, remote_too: bool = False, commit: str | None = None
+    repo: str, branch: str, *, remote_too: bool | str = False, commit: str | None = None
 ) -> dict[str, dict[str, Any]]:
     """Return the status documents (path -> mapping) on ``branch`` (or at ``commit``); empty
     when it does not exist."""

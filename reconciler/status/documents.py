@@ -17,6 +17,7 @@ import yaml
 
 from reconciler.plan.actual import FINAL_JOB_STATES
 from reconciler.plan.assess import ObjectStatus
+from reconciler.redact import redact_tree
 from reconciler.spec.types import ObjectKey
 
 MAX_EVENTS = 20
@@ -72,6 +73,7 @@ def object_document(
     }
     if st.key.kind == "model":
         doc["served_name"] = st.served_name
+        doc["alias"] = st.alias
         doc["endpoint"] = endpoint
         doc["replicas"] = {"desired": st.replicas_desired, "ready": st.replicas_ready}
     else:
@@ -82,7 +84,7 @@ def object_document(
         doc["spec_id"] = spec_id if spec_id is not None else prev["spec_id"]
     doc["last_transition"] = last_transition
     if spec is not None:  # what argus derived from the file (reconciler.builders.resolved)
-        doc["spec"] = _redacted(spec, redact)
+        doc["spec"] = redact_tree(spec, redact)
     elif "spec" in prev and st.state == "INVALID":
         doc["spec"] = prev["spec"]  # an invalid file keeps what runs: show what was derived for it
     # The admission order survives restarts; it moves only when the object's file changed
@@ -90,6 +92,10 @@ def object_document(
     first_seen = _iso(st.first_seen) if st.first_seen is not None else prev.get("first_seen")
     if first_seen:
         doc["first_seen"] = first_seen
+    # Which object it was preempted for, while it waits to resume (the planner never readmits
+    # it ahead of that object): the assessment sets it only then.
+    if st.preempted_by:
+        doc["preempted_by"] = st.preempted_by
     if st.key.kind == "task":
         # The runs are the durable record of what ran (reconciler/observe/runs.py): a run Ray
         # forgot keeps what was recorded about it (times, log tail) from the previous document.
@@ -119,16 +125,6 @@ def object_document(
             doc["runs"] = [*kept, *doc["runs"]]
     doc["events"] = events[-MAX_EVENTS:]
     return doc
-
-
-def _redacted(value: Any, redact: Callable[[str], str]) -> Any:
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, Mapping):
-        return {str(k): _redacted(v, redact) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_redacted(v, redact) for v in value]
-    return value
 
 
 def _run(

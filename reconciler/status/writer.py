@@ -21,6 +21,7 @@ from typing import Any
 from reconciler.errors import ConcurrentWrite
 from reconciler.plan.actions import ActionType, Plan
 from reconciler.plan.assess import ObjectStatus
+from reconciler.redact import redact, redact_tree
 from reconciler.source.remote import RepoSource, tracking_ref
 from reconciler.status.branch import (
     TreeWriter,
@@ -69,16 +70,20 @@ class StatusReport:
     daemon_error: str | None = None
 
 
-def no_redaction(text: str) -> str:
-    """The default: text as it is (the daemon passes a Redactor)."""
-    return text
+def default_redaction(text: str) -> str:
+    """The default: credential patterns, URL credentials and control sequences (the daemon passes
+    a Redactor that also knows the values of its own secrets)."""
+    return redact(text)
 
 
 @dataclass
 class StatusWriter:
     """Writes the status branch (and notes) of ``source``; pushes when it is a remote.
 
-    ``redact`` is applied to every text written (documents, README, notes, messages).
+    Redaction has one choke point, :meth:`_safe`: every value that becomes a blob (object
+    documents, ``revision.yaml``, ``actual.json``) passes through it before it is cached or
+    serialised, the README is assembled from rows of those documents and from redacted
+    messages, and commit messages and notes pass through ``redact`` as whole texts.
 
     ``auth_key`` (:func:`reconciler.status.auth.status_key`; the daemon sets it) authenticates
     every commit and note written, and only commits that verify are read back
@@ -90,7 +95,7 @@ class StatusWriter:
     branch: str = "argus/status"
     endpoint: str = "http://127.0.0.1:8000/v1"
     now: Callable[[], str] = utc_now
-    redact: Callable[[str], str] = no_redaction
+    redact: Callable[[str], str] = default_redaction
     commits: int = 0
     files_changed: int = 0  # files the last commit changed (for benchmarks and tests)
     # What this writer knows the branch holds (valid while the tip is ``_tip``): documents,
@@ -103,6 +108,9 @@ class StatusWriter:
     _root: dict[str, Any] = field(default_factory=dict)
     _last_actual: Mapping[str, Any] | None = None
     _written: dict[str, bytes] = field(default_factory=dict)  # README.md / revision.yaml as last written
+    # actual.json's list entries as last redacted (their JSON -> the redacted entry): only entries
+    # that changed are redacted again. Holds the last write's entries only.
+    _actual_entries: dict[str, Any] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)
     _tree_writer: TreeWriter | None = None
     auth_key: bytes | None = None
@@ -192,9 +200,11 @@ class StatusWriter:
                 recorded = [r for r in recorded if r.get("submission_id") != sid]
                 doc["runs"] = [*recorded, {"submission_id": sid, "spec_hash": spec_hash, "status": "SUBMITTED"}]
                 docs[key.path] = doc
+            for key, _sid, _hash in runs:
+                docs[key.path] = self._safe(docs[key.path])
             changed = {key.path: dump(docs[key.path]) for key, _sid, _hash in runs}
             blobs = {**known, **hash_blobs(self.source.repo.path, changed)}
-            message = "argus: submitting " + ", ".join(sid for _key, sid, _hash in runs) + "\n"
+            message = self.redact("argus: submitting " + ", ".join(sid for _key, sid, _hash in runs) + "\n")
             try:
                 commit = self._trees.commit(self.branch, blobs, message, parent, known, expected)
             except ConcurrentWrite:
@@ -324,18 +334,20 @@ class StatusWriter:
                 docs[path], inputs[path] = prev, signature  # nothing about this object changed
                 continue
             try:
-                doc = object_document(
-                    st,
-                    prev,
-                    revision=report.revision,
-                    applied=applied,
-                    now=now,
-                    endpoint=self.endpoint,
-                    log_tails=report.log_tails,
-                    checkpoints=report.checkpoints,
-                    spec_id=spec_id,
-                    redact=self.redact,
-                    spec=resolved,
+                doc = self._safe(
+                    object_document(
+                        st,
+                        prev,
+                        revision=report.revision,
+                        applied=applied,
+                        now=now,
+                        endpoint=self.endpoint,
+                        log_tails=report.log_tails,
+                        checkpoints=report.checkpoints,
+                        spec_id=spec_id,
+                        redact=self.redact,
+                        spec=resolved,
+                    )
                 )
             except Exception as exc:  # one object's document must not stop the others'
                 log.error("status document of %s failed", key, exc_info=exc)
@@ -379,8 +391,10 @@ class StatusWriter:
         )
         changed[ROOT_FILE] = dump(root)
         actual = report.actual if report.actual is not None else None
+        actual_entries: dict[str, Any] | None = None
         if actual is not None and (actual != last_actual or "actual.json" not in known_blobs):
-            changed["actual.json"] = dump_json(actual)
+            safe_actual, actual_entries = self._safe_actual(actual)
+            changed["actual.json"] = dump_json(safe_actual)
         written = {p: changed[p] for p in ("README.md", ROOT_FILE)}
         for path in written:  # rebuilt every write (cheap): hashed only when they differ
             if known_written.get(path) == changed[path] and path in known_blobs:
@@ -389,7 +403,7 @@ class StatusWriter:
         blobs = {path: known_blobs[path] for path in keep if path not in changed and path in known_blobs}
         blobs.update(hash_blobs(repo, changed))
         subject = f"argus: {len(transitions)} transition(s) at {(report.revision or 'unknown')[:12]}"
-        message = subject + ("\n\n" + "\n".join(transitions) if transitions else "") + "\n"
+        message = self.redact(subject + ("\n\n" + "\n".join(transitions) if transitions else "") + "\n")
         commit = self._trees.commit(self.branch, blobs, message, parent, known_blobs, expected)
         self.files_changed = sum(1 for p in set(blobs) | set(known_blobs) if blobs.get(p) != known_blobs.get(p))
         with self._lock:
@@ -401,7 +415,40 @@ class StatusWriter:
                 self._written = written
                 if actual is not None:
                     self._last_actual = actual
+                if actual_entries is not None:
+                    self._actual_entries = actual_entries
         return commit
+
+    def _safe(self, value: dict[str, Any]) -> dict[str, Any]:
+        """``value`` with every string and key redacted, and the values of keys that name a
+        secret hidden (:func:`reconciler.redact.redact_tree`): the one way into a blob."""
+        safe: dict[str, Any] = redact_tree(value, self.redact)
+        return safe
+
+    def _safe_actual(self, actual: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``actual`` through :meth:`_safe`, list entry by list entry, re-using the entries
+        redacted by the last write that are unchanged (a tick changes few jobs; the file holds
+        them all). Returns (the redacted state, the entry cache for the next write)."""
+        import json
+
+        with self._lock:
+            known = self._actual_entries
+        entries: dict[str, Any] = {}
+        out: dict[str, Any] = {}
+        for name, value in actual.items():
+            if not isinstance(value, list):
+                out[self.redact(str(name))] = redact_tree(value, self.redact)
+                continue
+            items = []
+            for entry in value:
+                raw = json.dumps(entry, sort_keys=True, default=str)
+                safe = entries.get(raw)
+                if safe is None:
+                    safe = known[raw] if raw in known else redact_tree(entry, self.redact)
+                    entries[raw] = safe
+                items.append(safe)
+            out[self.redact(str(name))] = items
+        return out, entries
 
     def _root_document(self, report: StatusReport) -> dict[str, Any]:
         """``revision.yaml``: the desired revision last attempted and last applied without a
@@ -414,13 +461,18 @@ class StatusWriter:
                 revisions["last_applied"] = report.revision
             root["subject"] = self.redact(report.subject)
         root["revision"] = revisions
+        # Each team's quota use once the tick's plan is applied (the page's per-team view).
+        if report.plan is not None and report.plan.teams:
+            root["teams"] = report.plan.teams
+        elif report.plan is not None:
+            root.pop("teams", None)
         if report.source_error:
             root["source_error"] = self.redact(report.source_error)
         else:
             root.pop("source_error", None)
         if report.daemon_error:
             root["daemon_error"] = self.redact(report.daemon_error)
-        return root
+        return self._safe(root)
 
     def _note(self, report: StatusReport) -> bool:
         if not report.revision:

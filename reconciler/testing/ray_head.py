@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -95,6 +96,20 @@ class RayHead:
         """Base URL of the Serve HTTP proxy, once Serve is started with ``serve_port``."""
         return f"http://127.0.0.1:{self.serve_port}"
 
+    def logs_dir(self) -> Path:
+        """The head's log folder (Ray's ``session_latest/logs``)."""
+        return Path(self.temp_dir) / "session_latest" / "logs"
+
+    def engine_log_tails(self, lines: int = 40, max_files: int = 6, since: float = 0.0) -> str:
+        """The last ``lines`` of the Serve replica logs and of the worker output files that
+        mention a vLLM engine, newest first, at most ``max_files`` of them, modified after
+        ``since`` (epoch s): what a failing serving test prints to explain itself."""
+        return engine_log_tails(self.logs_dir(), lines=lines, max_files=max_files, since=since)
+
+    def save_logs(self, dest: Path, max_bytes: int = 64 << 20) -> Path:
+        """Copy the head's logs to ``dest`` (newest files first, at most ``max_bytes``); return it."""
+        return copy_logs(self.logs_dir(), dest, max_bytes)
+
     def stop(self) -> None:
         """Kill the head and every process it started, Serve replicas and vLLM engines included.
 
@@ -137,6 +152,67 @@ def restart_head(head: RayHead, timeout_s: float = 120.0) -> RayHead:
         worker_ports=head.worker_ports,
         timeout_s=timeout_s,
     )
+
+
+_ENGINE_MARKERS = ("EngineCore", "EngineDeadError", "VLLM::", "vllm")
+
+
+def _newest(logs: Path, since: float) -> list[Path]:
+    files = [p for p in logs.rglob("*") if p.is_file() and not p.is_symlink()] if logs.is_dir() else []
+    return sorted((p for p in files if p.stat().st_mtime >= since), key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def _tail_lines(path: Path, lines: int, chunk: int = 256 << 10) -> list[str]:
+    with path.open("rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        fh.seek(max(0, fh.tell() - chunk))
+        return fh.read().decode(errors="replace").splitlines()[-lines:]
+
+
+def engine_log_tails(logs: Path, lines: int = 40, max_files: int = 6, since: float = 0.0) -> str:
+    """See :meth:`RayHead.engine_log_tails`; reads at most 256 KiB of each file."""
+    picked: list[tuple[Path, list[str]]] = []
+    for path in _newest(logs, since):
+        serve_replica = path.parent.name == "serve" and path.name.startswith("replica_")
+        worker_output = path.name.startswith("worker-") and path.suffix in (".out", ".err")
+        if not (serve_replica or worker_output):
+            continue
+        tail = _tail_lines(path, lines)
+        if worker_output and not any(m in line for line in tail for m in _ENGINE_MARKERS):
+            continue
+        picked.append((path, tail))
+        if len(picked) >= max_files:
+            break
+    return "\n".join(f"--- {p.relative_to(logs)} (last {len(t)} lines)\n" + "\n".join(t) for p, t in picked)
+
+
+def copy_logs(logs: Path, dest: Path, max_bytes: int = 64 << 20) -> Path:
+    """See :meth:`RayHead.save_logs`."""
+    total = 0
+    for path in _newest(logs, 0.0):
+        size = path.stat().st_size
+        if total + size > max_bytes:
+            continue
+        target = dest / path.relative_to(logs)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            shutil.copyfile(path, target)
+            total += size
+    return dest
+
+
+def engine_core_pids(replica_pid: int) -> list[int]:
+    """PIDs of the vLLM engine processes (``VLLM::EngineCore``) a Serve replica started."""
+    out = []
+    for pid in sorted(_descendants(replica_pid)):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "EngineCore" in cmdline:
+            out.append(pid)
+    return out
 
 
 def _descendants(root: int) -> set[int]:

@@ -29,4 +29,5 @@ def daemon_pages(
     """
     redact = redactor([v for v in secret_values if v])
     logs = RayLogs(dash, redact, ownership_key=ownership_key) if dash is not None else None
-    return build_handler(StatusReader(repo, status_branch), logs=logs, endpoint=endpoint, refresh_s=refresh_s)
+    reader = StatusReader(repo, status_branch, redact=redact)  # served redacted, whoever wrote the branch
+    return build_handler(reader, logs=logs, endpoint=endpoint, refresh_s=refresh_s)

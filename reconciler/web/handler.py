@@ -9,7 +9,7 @@ Routes (GET and HEAD only; every other method is 405: git stays the only input):
 ``/api/v1/summary``                            revisions, capacity, counts, errors
 ``/api/v1/objects``                            the documents (same filters, paginated)
 ``/api/v1/objects/<user>/<kind>s/<name>``      one document
-``/api/v1/logs/<user>/tasks/<name>``           a run's output (``?run=&follow=1``)
+``/api/v1/logs/<user>/tasks/<name>``           a run's output (``?run=&tail=&limit_bytes=&follow=1``)
 ``/api/v1/logs/<user>/models/<name>``          a model's Serve messages
 ``/api/v1/deployed/<user>/<kind>s/<name>``     what argus deployed/submitted for it (``?run=``)
 ``/static/app.css``, ``/static/app.js``        the page's only assets
@@ -34,7 +34,7 @@ import yaml
 from reconciler.errors import ArgusError
 from reconciler.web import view
 from reconciler.web.reader import StatusReader, StatusSnapshot
-from reconciler.web.response import PageHandler, Response
+from reconciler.web.response import CLIENT_ADDRESS, PageHandler, Response
 
 # Path components are looked up, never joined into a file path; this only keeps junk out.
 _COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -61,9 +61,21 @@ class Logs(Protocol):
     ArgusError (Ray unreachable: 503); ``follow_task_log`` raises before returning its iterator.
     """
 
-    def task_log(self, user: str, name: str, doc: Mapping[str, Any], run: str | None) -> str: ...
+    def task_log(
+        self,
+        user: str,
+        name: str,
+        doc: Mapping[str, Any],
+        run: str | None,
+        *,
+        tail: int | None = None,
+        limit_bytes: int | None = None,
+        client: str = "",
+    ) -> str: ...
 
-    def follow_task_log(self, user: str, name: str, doc: Mapping[str, Any], run: str | None) -> Iterator[str]: ...
+    def follow_task_log(
+        self, user: str, name: str, doc: Mapping[str, Any], run: str | None, *, client: str = ""
+    ) -> Iterator[str]: ...
 
     def model_log(self, user: str, name: str, doc: Mapping[str, Any]) -> str: ...
 
@@ -81,6 +93,7 @@ class Derived:
     revisions: view.Revisions
     users: list[str]
     states: Counter[str]
+    teams: list[view.TeamRow]
 
 
 def environment() -> jinja2.Environment:
@@ -162,6 +175,7 @@ def build_handler(
             revisions=view.revisions(snap.root, snap.docs),
             users=sorted({r.user for r in rows}),
             states=Counter(r.state for r in rows),
+            teams=view.teams(snap.root),
         )
 
     def page(template: str, status: int = 200, **context: Any) -> Response:
@@ -195,6 +209,7 @@ def build_handler(
                 "queued": dict(d.capacity.queued),
                 "queued_objects": d.capacity.queued_objects,
             },
+            "teams": [t.__dict__ for t in d.teams],
             "objects": len(d.rows),
             "states": dict(d.states),
             "users": len(d.users),
@@ -293,14 +308,20 @@ def build_handler(
             return Response(503, JSON, b'{"error": "logs are not available: the daemon has no Ray client"}')
         run = (query.get("run") or [""])[0] or None
         follow = (query.get("follow") or [""])[0] in ("1", "true", "yes")
+        client = CLIENT_ADDRESS.get()
+        try:
+            tail, limit_bytes = _count(query, "tail"), _count(query, "limit_bytes")
+        except ValueError as exc:
+            return Response(400, JSON, json.dumps({"error": str(exc)}).encode(), SECURITY_HEADERS)
         try:
             if kind == "model":
                 return Response(200, TEXT, logs.model_log(user, name, doc).encode(), SECURITY_HEADERS)
             if follow:
                 # Ownership is checked when the iterator is made, before any status line is sent.
-                chunks = logs.follow_task_log(user, name, doc, run)
+                chunks = logs.follow_task_log(user, name, doc, run, client=client)
                 return Response(200, TEXT, _encoded(chunks), {**SECURITY_HEADERS, "X-Accel-Buffering": "no"})
-            return Response(200, TEXT, logs.task_log(user, name, doc, run).encode(), SECURITY_HEADERS)
+            text = logs.task_log(user, name, doc, run, tail=tail, limit_bytes=limit_bytes, client=client)
+            return Response(200, TEXT, text.encode(), SECURITY_HEADERS)
         except LookupError as exc:
             return not_found(str(exc.args[0] if exc.args else exc), api=True)
         except ArgusError as exc:
@@ -363,6 +384,16 @@ def build_handler(
         return not_found("no such page", api)
 
     return handle
+
+
+def _count(query: Mapping[str, list[str]], name: str) -> int | None:
+    """The positive whole number ``?name=`` gives (None when absent). Raises ValueError otherwise."""
+    raw = (query.get(name) or [""])[0].strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or len(raw) > 12 or int(raw) < 1:
+        raise ValueError(f"{name} must be a whole number of at least 1")
+    return int(raw)
 
 
 def _json(body: Any) -> Response:

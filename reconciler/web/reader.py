@@ -13,11 +13,13 @@ import json
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+
+from reconciler.redact import redact_tree
 
 # libyaml's C parser is ten times faster; the documents are the daemon's own output.
 _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -70,14 +72,24 @@ def parse_blob(path: str, data: bytes) -> Any:
 class StatusReader:
     """``StatusReader(repo, "argus/status").snapshot()``: the branch now, re-reading only what changed.
 
-    ``remote_too``: fall back to ``refs/remotes/origin/<branch>`` (a user's clone). Thread-safe:
+    ``remote_too``: fall back to ``refs/remotes/origin/<branch>`` (a user's clone). ``redact``:
+    applied to every file and note as it is read (:func:`reconciler.redact.redact_tree`), so what
+    is served is redacted even when the branch was not written by this daemon. Thread-safe:
     page requests run in the server's threads.
     """
 
-    def __init__(self, repo: str, branch: str = "argus/status", *, remote_too: bool = False) -> None:
+    def __init__(
+        self,
+        repo: str,
+        branch: str = "argus/status",
+        *,
+        remote_too: bool = False,
+        redact: Callable[[str], str] | None = None,
+    ) -> None:
         self.repo = repo
         self.branch = branch
         self.remote_too = remote_too
+        self.redact = redact
         self.blobs_read = 0  # how many blobs were parsed in total (tests and the bench read it)
         self._lock = threading.Lock()
         self._snapshot = StatusSnapshot(tip=None)
@@ -188,7 +200,8 @@ class StatusReader:
                 pos = end + 1
                 continue
             size = int(header[2])
-            result[blob] = parse_blob(by_blob[blob], data[end + 1 : end + 1 + size])
+            value = parse_blob(by_blob[blob], data[end + 1 : end + 1 + size])
+            result[blob] = value if self.redact is None else redact_tree(value, self.redact)
             pos = end + 1 + size + 1
         self.blobs_read += len(result)
         return result
@@ -204,6 +217,8 @@ class StatusReader:
                 return self._notes[key]
         out = _git(self.repo, "notes", "--ref=argus", "show", revision)
         text = out.stdout.decode("utf-8", errors="replace") if out.returncode == 0 else None
+        if text is not None and self.redact is not None:
+            text = self.redact(text)
         with self._lock:
             if len(self._notes) > 256:
                 self._notes.clear()

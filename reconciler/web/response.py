@@ -7,6 +7,7 @@ iterable of chunks, which the server streams (live logs) and stops when the clie
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -20,3 +21,8 @@ class Response:
 
 
 PageHandler = Callable[[str, str, Mapping[str, list[str]]], "Response | None"]
+
+# The address of the client whose request a page handler is answering ("" when unknown). Set by the
+# server around each call, so that the handler's signature stays ``(method, path, query)``; the log
+# reader uses it to bound what one client address can hold.
+CLIENT_ADDRESS: contextvars.ContextVar[str] = contextvars.ContextVar("argus_client_address", default="")

@@ -8,7 +8,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
-from reconciler.errors import SourceUnavailable
+from reconciler.errors import ArgusError, SourceUnavailable
 from reconciler.redact import redact
 from reconciler.source.git import GitRepo
 from reconciler.source.remote import RepoSource, open_source
@@ -18,12 +18,46 @@ LOG_LINES = 10
 QUIET_STATES = ("RUNNING", "SUCCEEDED")
 
 
-def fetch_status_source(repo: str, cache_dir: str, branch: str) -> tuple[RepoSource, str | None]:
+def status_remote(path: str, requested: str | None) -> str | None:
+    """The remote ``argus status`` reads the status branch from, in a user's clone at ``path``:
+    ``requested`` (``--remote``), else the current branch's upstream remote, else ``origin``, else
+    the only remote; None when the clone has no remote (the daemon's own repository).
+    Raises ArgusError for an unknown ``requested`` remote or several remotes and no upstream."""
+    remotes = subprocess.run(["git", "-C", path, "remote"], capture_output=True, text=True).stdout.split()
+    if requested:
+        if requested not in remotes:
+            raise ArgusError(f"no remote {requested!r} in {path} (remotes: {', '.join(remotes) or 'none'})")
+        return requested
+    head = subprocess.run(["git", "-C", path, "symbolic-ref", "-q", "--short", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0 and head.stdout.strip():
+        upstream = subprocess.run(
+            ["git", "-C", path, "config", "--get", f"branch.{head.stdout.strip()}.remote"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        if upstream in remotes:
+            return upstream
+    if "origin" in remotes:
+        return "origin"
+    if len(remotes) == 1:
+        return remotes[0]
+    if remotes:
+        raise ArgusError(
+            f"{path} has several remotes ({', '.join(remotes)}) and the current branch follows none: "
+            "pass --remote NAME (the one the daemon writes its status branch to)"
+        )
+    return None
+
+
+def fetch_status_source(
+    repo: str, cache_dir: str, branch: str, remote: str | None = None
+) -> tuple[RepoSource, str | None, str | None]:
     """Open ``repo`` and bring its status branch up to date.
 
-    Returns the source and, when the fetch failed but an earlier copy exists, why the data
-    may be stale (None when fresh, or when ``repo`` is the daemon's own repository).
-    Raises SourceUnavailable when there is nothing to show at all.
+    Returns the source, why the data may be stale when the fetch failed but an earlier copy exists
+    (None when fresh, or when ``repo`` is the daemon's own repository), and the remote the branch
+    was fetched from (see :func:`status_remote`; None when nothing was fetched by name).
+    Raises SourceUnavailable when there is nothing to show at all, ArgusError for a bad ``remote``.
     """
     try:
         source = open_source(repo, cache_dir)
@@ -32,27 +66,20 @@ def fetch_status_source(repo: str, cache_dir: str, branch: str) -> tuple[RepoSou
         mirror = os.path.join(cache_dir, hashlib.sha1(repo.encode()).hexdigest()[:16] + ".git")
         if not os.path.isdir(mirror):
             raise
-        return RepoSource(repo, GitRepo(mirror), local=False), f"could not fetch {repo}: {exc}"
+        return RepoSource(repo, GitRepo(mirror), local=False), f"could not fetch {repo}: {exc}", None
     if not source.local:
-        return source, None
-    has_origin = subprocess.run(["git", "-C", source.repo.path, "remote", "get-url", "origin"], capture_output=True)
-    if has_origin.returncode != 0:
-        return source, None  # the daemon writes here itself: nothing to fetch
+        return source, None, None
+    name = status_remote(source.repo.path, remote)
+    if name is None:
+        return source, None, None  # the daemon writes here itself: nothing to fetch
     proc = subprocess.run(
-        [
-            "git",
-            "-C",
-            source.repo.path,
-            "fetch",
-            "-q",
-            "origin",
-            f"+refs/heads/{branch}:refs/remotes/origin/{branch}",
-        ],
+        ["git", "-C", source.repo.path, "fetch", "-q", name, f"+refs/heads/{branch}:refs/remotes/{name}/{branch}"],
         capture_output=True,
     )
     if proc.returncode != 0:
-        return source, f"could not fetch {branch} from origin: {redact(proc.stderr.decode(errors='replace').strip())}"
-    return source, None
+        why = redact(proc.stderr.decode(errors="replace").strip())
+        return source, f"could not fetch {branch} from {name}: {why}", name
+    return source, None, name
 
 
 def attention_lines(docs: Mapping[str, Mapping[str, Any]]) -> list[str]:

@@ -320,3 +320,49 @@ def openai_example(served_name: str, endpoint: str) -> tuple[str, str]:
     body = '{"model": "' + served_name + '", "messages": [{"role": "user", "content": "Hello!"}]}'
     curl = f"curl {base}/chat/completions \\\n  -H \"Content-Type: application/json\" \\\n  -d '{body}'\n"
     return python, curl
+
+
+@dataclass(frozen=True)
+class TeamRow:
+    """One team's quota use as the last tick left it (``teams`` in the status branch's revision.yaml)."""
+
+    name: str
+    used: float
+    nominal: float
+    borrowed: float
+    lent: float
+    used_slots: float
+    nominal_slots: float
+    share: float
+    weight: float
+
+
+def teams(root: Mapping[str, Any]) -> list[TeamRow]:
+    """The per-team view; empty when cluster.yaml declares no teams (or the record is malformed)."""
+    out: list[TeamRow] = []
+    for name, value in sorted(root.items()):
+        if name == "actual.json" or not isinstance(value, Mapping):
+            continue
+        for team, usage in sorted(mapping(value.get("teams")).items()):
+            u = mapping(usage)
+
+            def amount(field: str, resource: str = "gpus", u: Mapping[str, Any] = u) -> float:
+                return number(mapping(u.get(field)).get(resource))
+
+            out.append(
+                TeamRow(
+                    name=text(team) or "(users in no team)",
+                    used=amount("used"),
+                    nominal=amount("nominal"),
+                    borrowed=amount("borrowed"),
+                    lent=amount("lent"),
+                    used_slots=amount("used", "tasks"),
+                    nominal_slots=amount("nominal", "tasks"),
+                    share=number(u.get("share")),
+                    weight=number(u.get("weight")) or 1.0,
+                )
+            )
+    return out[:MAX_TEAMS]
+
+
+MAX_TEAMS = 256  # as many as cluster.yaml may declare

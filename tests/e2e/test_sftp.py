@@ -114,7 +114,8 @@ class Service:
         ]
 
     def rsync(self, who: str, *args: str) -> subprocess.CompletedProcess[str]:
-        """The real rsync client over ssh, as the README writes it (``-e "ssh -p PORT"``, plus the test's key)."""
+        """The real rsync client over ssh, as docs/users/uploading-data.md writes it
+        (``-e "ssh -p PORT"``, plus the test's key)."""
         return subprocess.run(
             ["rsync", "-e", shlex.join(["ssh", "-p", str(self.port), *self.ssh_options(who, None)]), *args],
             capture_output=True,

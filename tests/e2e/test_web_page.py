@@ -4,7 +4,7 @@ A real git repository (bare + clone), the session's real Ray head, the daemon as
 (``argus run --web-listen``: real ticks, a real status branch, the pages on their own address),
 Debian's chromium and chromedriver driven by Selenium. The model is suspended (a real reconcile writes its status
 document, served name and endpoint included, without a minute of vLLM start-up); the OpenAI
-call itself is tested in test_daemon.py. Screenshots go to docs/screenshots/ (the README shows them).
+call itself is tested in test_daemon.py. Screenshots go to docs/screenshots/ (docs/users/status.md shows them).
 """
 
 from __future__ import annotations

@@ -10,11 +10,13 @@ applications are RUNNING and jobs PENDING as soon as they are accepted.
 from __future__ import annotations
 
 import copy
+import io
 import json
 import re
+import urllib.parse
 from typing import Any
 
-from reconciler.dashboard import Dashboard, DashboardError
+from reconciler.dashboard import Dashboard, DashboardError, RayStream
 
 _JOB = re.compile(r"^/api/jobs/([^/]+)(/logs|/stop)?$")
 
@@ -26,6 +28,7 @@ class FakeRay(Dashboard):
         super().__init__("http://fake-ray")
         self.apps: dict[str, dict[str, Any]] = copy.deepcopy(foreign_apps or {})
         self.jobs: dict[str, dict[str, Any]] = {}
+        self.logs: dict[str, str] = {}  # submission id -> driver log text
         self.gpus = gpus  # None: no nodes reported (capacity unknown)
         self.puts = 0
         self.submits = 0
@@ -49,12 +52,23 @@ class FakeRay(Dashboard):
             if sid not in self.jobs:
                 raise DashboardError(method, path, 404, f"Job {sid} does not exist")
             if what == "/logs":
-                return {"logs": ""}
+                return {"logs": self.logs.get(sid, "")}
             if what == "/stop":
                 self.jobs[sid]["status"] = "STOPPED"
                 return {"stopped": True}
             return copy.deepcopy(self.jobs[sid])
         raise DashboardError(method, path, 404, "not found")
+
+    def stream(self, path: str, *, timeout: float | None = None) -> RayStream:
+        """The state API's log endpoints: the last ``lines`` lines of a job's driver log."""
+        route, _, raw = path.partition("?")
+        query = dict(urllib.parse.parse_qsl(raw))
+        sid = query.get("filename", "").removeprefix("job-driver-").removesuffix(".log")
+        known = route in ("/api/v0/logs/file", "/api/v0/logs/stream") and sid in self.jobs
+        if not known or query.get("node_id") != self.jobs[sid].get("driver_node_id"):
+            raise DashboardError("GET", path, 500, f"no log file for {query}")
+        lines = self.logs.get(sid, "").splitlines(keepends=True)[-int(query.get("lines", 1000)) :]
+        return io.BytesIO("".join(lines).encode())  # type: ignore[return-value]
 
     def _totals(self) -> dict[str, float]:
         return {"CPU": 1e6, "GPU": float(self.gpus or 0), "worker_node": 1e6, "memory": 1e12}
@@ -91,5 +105,12 @@ class FakeRay(Dashboard):
         if sid in self.jobs:
             raise DashboardError("POST", "/api/jobs/", 500, f"Job with submission_id {sid} already exists.")
         self.submits += 1
-        self.jobs[sid] = {**body, "status": "PENDING", "message": "", "start_time": None, "end_time": None}
+        self.jobs[sid] = {
+            **body,
+            "status": "PENDING",
+            "message": "",
+            "start_time": None,
+            "end_time": None,
+            "driver_node_id": "fake-node",
+        }
         return {"submission_id": sid}

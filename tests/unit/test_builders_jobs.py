@@ -248,3 +248,14 @@ def test_unresolved_paths_refused() -> None:
     task = replace(make_task("ppo"), model_path=None)
     with pytest.raises(PermanentError):
         job_submission(task, CLUSTER, revision=None, secrets_env={})
+
+
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_an_empty_secret_is_unset_not_an_empty_key(empty: str) -> None:
+    """`.env` files ship `WANDB_API_KEY=`: the job gets no key and verl logs to the console only."""
+    task = make_task("grpo", "grpo")
+    body = job_submission(task, CLUSTER, revision=None, secrets_env={"WANDB_API_KEY": empty, "HF_TOKEN": "t"})
+    argv = shlex.split(body["entrypoint"])
+    assert "trainer.logger=[console]" in argv and not any("wandb" in a for a in argv)
+    env = body["runtime_env"]["env_vars"]
+    assert "WANDB_API_KEY" not in env and env["HF_TOKEN"] == "t"

@@ -11,6 +11,7 @@ import pytest
 
 from reconciler.apply.serve import blocking_builds, needs_put, target_apps
 from reconciler.builders.serve import (
+    HEALTH_CHECK,
     app_name,
     is_owned_app,
     llm_deployment_name,
@@ -56,7 +57,7 @@ def test_gpu_mode_config() -> None:
     assert app["name"] == "argus--alice--chat"
     assert app["route_prefix"] is None
     assert app["import_path"] == "reconciler.serve_apps.model_app:build_app"
-    assert app["deployments"] == [{"name": "LLMServer:alice-202511291200-chat", "num_replicas": 3}]
+    assert app["deployments"] == [{"name": "LLMServer:alice-202511291200-chat", "num_replicas": 3, **HEALTH_CHECK}]
     meta = app["args"]["argus"]
     assert {k: v for k, v in meta.items() if k != "spec"} == {
         "user": "alice",

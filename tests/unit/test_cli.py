@@ -36,15 +36,16 @@ def argus(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[st
     )
 
 
-def example_objects() -> int:
-    return load(read_directory(str(EXAMPLE))).object_count
+def example_objects(root: Path = EXAMPLE) -> int:
+    return load(read_directory(str(root))).object_count
 
 
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
-    """A copy of desired-state/ committed in its own git repository (fixed commit time, so fixed served names)."""
+    """The first push of ``make demo`` (desired-state/ without the fine-tune task and its model)
+    committed in its own git repository (fixed commit time, so fixed served names)."""
     root = tmp_path / "config"
-    shutil.copytree(EXAMPLE, root)
+    shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns("tune.yaml", "tuned.yaml"))
     WorkRepo(root).commit("example", COMMIT_TIME)
     return root
 
@@ -77,7 +78,9 @@ def test_validate_the_example_passes() -> None:
 def test_validate_the_example_json() -> None:
     proc = argus("validate", EXAMPLE, "--offline", "--format", "json")
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == {"errors": [], "objects": example_objects(), "warnings": []}
+    out = json.loads(proc.stdout)
+    assert out.pop("not_checked")[0].startswith("--offline: ")
+    assert out == {"errors": [], "objects": example_objects(), "warnings": []}
 
 
 def test_validate_without_offline_falls_back_when_the_roots_are_absent(tmp_path: Path) -> None:
@@ -105,7 +108,7 @@ def test_validate_a_broken_copy_fails_with_path_and_line(config: Path) -> None:
     for path, line, message in BROKEN:
         where = f"{path}:{line}: " if line else f"{path}: "
         assert any(line.startswith(f"{where}{message}") for line in lines), proc.stderr
-    assert lines[-1] == f"{len(BROKEN)} error(s); {example_objects()} valid object(s)"
+    assert lines[-1] == f"{len(BROKEN)} error(s); {example_objects(config)} valid object(s)"
 
 
 def test_validate_json_shape(config: Path) -> None:
@@ -114,8 +117,8 @@ def test_validate_json_shape(config: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr == ""
     out = json.loads(proc.stdout)
-    assert set(out) == {"errors", "objects", "warnings"}
-    assert out["objects"] == example_objects()
+    assert set(out) == {"errors", "objects", "warnings", "not_checked"}
+    assert out["objects"] == example_objects(config)
     assert all(set(e) == {"path", "line", "message"} for e in out["errors"])
     assert all(isinstance(e["line"], int) for e in out["errors"])
     got = [(e["path"], e["line"]) for e in out["errors"]]
@@ -154,13 +157,13 @@ def test_plan_exit_2_when_changes_pending(config: Path, tmp_path: Path) -> None:
     empty.write_text(json.dumps({"models": [], "jobs": [], "capacity": {"total": {"CPU": 8}, "available": {"CPU": 8}}}))
     proc = argus("plan", config, "--offline", "--actual", empty)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "deploy_model" in proc.stdout and "alice/models/tiny-chat" in proc.stdout
-    assert "alice-202601010000-tiny-chat" in proc.stdout  # the served name from the commit time
+    assert "deploy_model" in proc.stdout and "alice/models/chat" in proc.stdout
+    assert "alice-202601010000-chat" in proc.stdout  # the served name from the commit time
 
     data = json.loads(argus("plan", config, "--offline", "--actual", empty, "--format", "json").stdout)
     assert data["changes"] is True and data["errors"] == []
     assert data["actions"][0]["action"] == "deploy_model"
-    assert data["actions"][0]["object"] == "alice/models/tiny-chat"
+    assert data["actions"][0]["object"] == "alice/models/chat"
 
 
 def test_plan_exit_1_on_errors_and_markdown(config: Path, tmp_path: Path) -> None:
@@ -185,10 +188,7 @@ def test_plan_exit_1_on_errors_and_markdown(config: Path, tmp_path: Path) -> Non
 def test_plan_markdown_with_changes(config: Path) -> None:
     md = argus("plan", config, "--offline", "--format", "markdown")
     assert md.returncode == 2
-    assert (
-        "| + | `deploy_model` | `alice/models/tiny-chat` | new model alice-202601010000-tiny-chat (1 replica) |"
-        in md.stdout
-    )
+    assert "| + | `deploy_model` | `alice/models/chat` | new model alice-202601010000-chat (1 replica) |" in md.stdout
     assert "> **Note:** capacity unknown" in md.stdout
 
 
@@ -256,19 +256,28 @@ def test_a_folder_that_is_not_a_config_repository_is_an_error(config: Path) -> N
     assert argus("validate", "--offline", cwd=config).returncode == 0
 
 
-def test_validate_warns_about_requests_above_the_quota(config: Path) -> None:
-    (config / "users/alice/tasks").mkdir()
-    (config / "users/alice/tasks/big.yaml").write_text(
-        "kind: Task\nworkload: command\ncommand: python train.py\ngpus_per_node: 4\n"
-    )
+def test_validate_fails_a_request_above_the_quota_unless_it_may_wait(config: Path) -> None:
+    (config / "users/alice/tasks").mkdir(exist_ok=True)
+    big = config / "users/alice/tasks/big.yaml"
+    big.write_text("kind: Task\nworkload: command\ncommand: python train.py\ngpus_per_node: 4\n")
     proc = argus("validate", config, "--offline")
-    assert proc.returncode == 0, proc.stderr  # a warning, not an error: the file is valid
+    assert proc.returncode == 1, proc.stderr  # it can never run as written: the PR check fails
+    assert (
+        "users/alice/tasks/big.yaml: needs 4 GPU but alice's quota is 2 GPUs: it can never run as written "
+        "(UNSCHEDULABLE); ask for less, or set `may_wait: true`" in proc.stderr
+    )
+    data = json.loads(argus("validate", config, "--offline", "--format", "json").stdout)
+    assert len(data["errors"]) == 1 and data["warnings"] == []
+    big.write_text(big.read_text() + "may_wait: true\n")  # the author says it should wait: a warning
+    proc = argus("validate", config, "--offline")
+    assert proc.returncode == 0, proc.stderr
     assert (
         "warning: users/alice/tasks/big.yaml: needs 4 GPU but alice's quota is 2 GPUs: it will be UNSCHEDULABLE"
         in proc.stderr
     )
     data = json.loads(argus("validate", config, "--offline", "--format", "json").stdout)
     assert data["errors"] == [] and len(data["warnings"]) == 1
+    assert argus("plan", config, "--offline").returncode == 2  # changes pending, no error
 
 
 def test_plan_with_a_malformed_actual_state(config: Path, tmp_path: Path) -> None:
@@ -313,15 +322,15 @@ def test_validate_and_plan_do_not_import_ray_or_vllm() -> None:
 
 
 def readme_actual_example() -> str:
-    """The actual-state JSON example the README documents for `argus plan --actual`."""
-    text = (ROOT / "README.md").read_text()
+    """The actual-state JSON example the manual documents for `argus plan --actual`."""
+    text = (ROOT / "docs/users/pr-workflow.md").read_text()
     after = text[text.index("The actual-state JSON `argus plan --actual` reads") :]
     body = after[after.index("```json\n") + len("```json\n") :]
     return body[: body.index("\n```")]
 
 
 def test_the_readme_actual_state_example_admits_a_task(tmp_path: Path) -> None:
-    """The README's actual.json has the capacity the default driver resources need: a task that
+    """The manual's actual.json has the capacity the default driver resources need: a task that
     fits is submitted, not queued or unschedulable for lack of `worker_node`."""
     root = tmp_path / "config"
     (root / "users/bob/tasks").mkdir(parents=True)

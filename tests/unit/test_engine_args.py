@@ -210,10 +210,10 @@ def test_skipped_checks_are_named_on_the_base_install(tmp_path: Path, command: s
     assert notes == [
         "note: --offline: checks that need the cluster's file system (path existence, symlinks, Hugging Face "
         "cache) were skipped",
-        "note: verl is not installed here: task overrides were checked against argus's rules only, not against "
-        "verl's config (a misspelt key passes); install verl to check them",
-        "note: vLLM is not installed here: engine_kwargs keys and value types were not checked against vLLM's "
-        "engine arguments; install vLLM to check them",
+        "note: hydra-core is not installed here: task overrides were checked against argus's rules only, not "
+        "against verl's config (a misspelt key passes); pip install 'argus-reconciler[check]' to check them",
+        "note: engine_kwargs were checked against vLLM 0.32.0's engine arguments (the table shipped with argus); "
+        "the cluster's vLLM may differ",
     ], proc.stderr
 
 

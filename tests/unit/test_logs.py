@@ -6,7 +6,9 @@ followed in tests/e2e/test_web_page.py.
 
 from __future__ import annotations
 
+import io
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,24 +30,59 @@ PROVEN = {**_LABELS, "argus-proof": ownership_proof(KEY, SID, {"metadata": _LABE
 
 
 class JobsAPI:
-    """Answers ``GET /api/jobs/<id>`` and ``.../logs`` from a script of (status, log text) steps."""
+    """Answers ``GET /api/jobs/<id>`` from a script of (status, log text so far) steps, and streams
+    the log as the state API does: each status read moves to the next step, and the stream sends
+    what the log gained (a bounded ``lines=`` read of the whole text when not following)."""
 
     def __init__(self, steps: list[tuple[str, str]], meta: dict[str, str] | None = None) -> None:
         self.steps, self.i = steps, 0
         self.meta = PROVEN if meta is None else meta
+        self.paths: list[str] = []
 
     def get(self, path: str, **_: Any) -> Any:
         if path == f"/api/jobs/{SID}":
-            return {"status": self.steps[self.i][0], "metadata": self.meta}
-        if path == f"/api/jobs/{SID}/logs":
-            text = self.steps[self.i][1]
+            status = self.steps[self.i][0]
             self.i = min(self.i + 1, len(self.steps) - 1)
-            return {"logs": text}
+            return {"status": status, "metadata": self.meta, "driver_node_id": "n1"}
         raise DashboardError("GET", path, 404, "not found")
+
+    def stream(self, path: str, **_: Any) -> Any:
+        self.paths.append(path)
+        if f"filename=job-driver-{SID}.log" not in path or "node_id=n1" not in path:
+            raise DashboardError("GET", path, 500, "not found")
+        if path.startswith("/api/v0/logs/file"):
+            return io.BytesIO(self.steps[self.i][1].encode())
+        return _Growing(self)
+
+
+class _Growing:
+    """A followed stream: blocks until the script's log grew, then sends the new bytes."""
+
+    def __init__(self, api: JobsAPI) -> None:
+        self.api, self.sent, self.closed = api, 0, False
+
+    def read1(self, n: int) -> bytes:
+        while not self.closed:
+            text = self.api.steps[self.api.i][1].encode()
+            if len(text) > self.sent:
+                out = text[self.sent : self.sent + n]
+                self.sent += len(out)
+                return out
+            time.sleep(0.005)
+        return b""
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self) -> _Growing:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 def logs(api: JobsAPI) -> RayLogs:
-    return RayLogs(api, redactor([SECRET]), ownership_key=KEY, poll_s=0, sleep=lambda _s: None)  # type: ignore[arg-type]
+    return RayLogs(api, redactor([SECRET]), ownership_key=KEY, poll_s=0.02)  # type: ignore[arg-type]
 
 
 def test_follow_sends_whole_redacted_lines_until_the_run_ends() -> None:
@@ -58,7 +95,7 @@ def test_follow_sends_whole_redacted_lines_until_the_run_ends() -> None:
         ]
     )
     chunks = list(logs(api).follow_task_log("ann", "train", task_doc("ann", "train", "RUNNING"), None))
-    assert chunks[0] == "line 1\n"
+    assert next(c for c in chunks if c).startswith("line 1\n")  # whole lines only while the run goes on
     text = "".join(chunks)
     assert SECRET not in text and half not in text and "key *** end" in text
     assert text.endswith("line 3\nlast[argus: run argus--ann--train--0123abcd SUCCEEDED]\n")

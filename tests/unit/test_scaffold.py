@@ -128,7 +128,10 @@ def test_argus_is_installed_from_the_pinned_source_set_in_one_place(tmp_path: Pa
     assert (source.url, source.rev) == ("ssh://git@git.example.com/org/argus.git", rev)
     init_repo(str(tmp_path), source=source)
     workflow = yaml.safe_load((tmp_path / ".github/workflows/argus.yaml").read_text())
-    assert workflow["env"]["ARGUS_PACKAGE"] == f"argus-reconciler @ git+ssh://git@git.example.com/org/argus.git@{rev}"
+    assert (
+        workflow["env"]["ARGUS_PACKAGE"]
+        == f"argus-reconciler[check] @ git+ssh://git@git.example.com/org/argus.git@{rev}"
+    )
     assert f'pip install "{source.pip}"' in (tmp_path / "README.md").read_text()
     pre_commit = (tmp_path / ".pre-commit-config.yaml").read_text()
     assert f"#   - repo: {source.url}\n#     rev: {rev}\n" in pre_commit
@@ -146,6 +149,7 @@ def test_argus_is_installed_from_the_pinned_source_set_in_one_place(tmp_path: Pa
         with pytest.raises(ArgusError, match="expected git"):
             parse_source(bad)
     assert parse_source("argus-reconciler @ git+https://h/o/argus.git@v1.2.3").rev == "v1.2.3"
+    assert parse_source("argus-reconciler[check] @ git+https://h/o/argus.git@v1.2.3").rev == "v1.2.3"
 
 
 def test_default_source_pins_a_commit_that_exists_and_installs(tmp_path: Path) -> None:
@@ -205,8 +209,8 @@ def test_workflow_follows_the_github_schema_and_handles_plan_exit_codes(tmp_path
     steps = doc["jobs"]["plan"]["steps"]
     script = "\n".join(s.get("run", "") for s in steps)
     assert 'pip install --quiet "$ARGUS_PACKAGE"' in script
-    assert doc["env"]["ARGUS_PACKAGE"].startswith("argus-reconciler @ git+")
-    assert "[gpu]" not in script and "[cpu]" not in script, "CI installs the base package only"
+    assert doc["env"]["ARGUS_PACKAGE"].startswith("argus-reconciler[check] @ git+")
+    assert "[gpu]" not in script and "[cpu]" not in script, "CI installs the check extra only"
     assert "argus validate --offline ." in script
     assert "--format markdown" in script and "gh pr comment" in script
     assert '"$code" -ne 2' in script, "exit 2 (changes pending) is not a failure"
@@ -278,3 +282,28 @@ def test_scaffold_hook_matches_the_shipped_manifest() -> None:
     (local,) = yaml.safe_load(files()[".pre-commit-config.yaml"])["repos"][0]["hooks"]
     for key in ("id", "entry", "pass_filenames", "files"):
         assert local[key] == shipped[key], key
+
+
+def test_init_next_line_runs_only_commands_this_machine_has(tmp_path: Path) -> None:
+    """The base install has no pre-commit: the "next:" line must not end in `pre-commit: not found` (rc 127)."""
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for name in ("git", "sh", "bash"):
+        found = shutil.which(name)
+        assert found
+        (bare / name).symlink_to(found)
+    (bare / "argus").symlink_to(BIN / "argus")
+    repo = tmp_path / "config"
+    root = Path(__file__).resolve().parents[2]
+    no_pre_commit = {**env(), "PATH": str(bare), "PYTHONPATH": str(root)}
+    out = subprocess.run(
+        [sys.executable, "-m", "reconciler.cli", "init", str(repo), "--argus-source", "git+https://h/o/argus.git@v1"],
+        env=no_pre_commit, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    (next_line,) = [line for line in out.splitlines() if line.startswith("next: ")]
+    assert "pre-commit" not in next_line and "pip install pre-commit && pre-commit install" in out
+    proc = subprocess.run(
+        ["sh", "-c", next_line.removeprefix("next: ")], env=no_pre_commit, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ok: 2 object(s) valid" in proc.stdout

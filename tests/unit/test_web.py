@@ -231,3 +231,27 @@ def test_branch_level_revision_file_and_daemon_problems_are_shown(repo: str) -> 
     assert summary["revision"]["last_attempted"] == "a" * 40 and summary["revision"]["last_applied"] == "b" * 40
     page = body(get("/"))
     assert "connection refused" in page and "bbbbbbbbbbbb" in page and "add &lt;script&gt;" in page
+
+
+def test_the_overview_shows_each_teams_quota_use(repo: str) -> None:
+    """The per-team view (issue 20): what revision.yaml's `teams` records, escaped, also in the API."""
+    teams = {
+        "research": {
+            "nominal": {"gpus": 4.0, "tasks": 2.0},
+            "used": {"gpus": 6.0, "tasks": 2.0},
+            "borrowed": {"gpus": 2.0, "tasks": 0.0},
+            "lent": {"gpus": 0.0},
+            "share": 0.25,
+            "weight": 1.0,
+        },
+        XSS: {"nominal": {"gpus": "many"}, "share": "odd"},
+    }
+    root = {"revision": {"last_attempted": "a" * 40}, "teams": teams}
+    commit_files(repo, {"revision.yaml": dump(root), "users/ann/models/chat.yaml": dump(model_doc("ann", "chat"))})
+    get = wsgi_like(build_handler(StatusReader(repo)))
+    page = body(get("/"))
+    assert "<h2>Teams</h2>" in page and "<td>research</td><td>6 / 4</td><td>2</td>" in page
+    assert XSS not in page and "&lt;script&gt;" in page
+    summary = json.loads(body(get("/api/v1/summary")))
+    assert [t["name"] for t in summary["teams"]] == sorted([XSS, "research"])
+    assert next(t for t in summary["teams"] if t["name"] == "research")["used_slots"] == 2.0

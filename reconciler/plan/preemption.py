@@ -1,0 +1,213 @@
+"""Preemption: which running work a waiting object may stop, as Kueue chooses it. Pure.
+
+Rules, in order (``preemption:`` in cluster.yaml):
+
+1. **Reclaim** (Kueue's ``reclaimWithinCohort``): an object whose team stays within its nominal
+   quota once admitted may stop work of *other* queues that borrow (use more than their nominal
+   quota; users in no team always borrow) — of any priority (``Any``, the default), only of
+   lower priority (``LowerPriority``), or never.
+2. **Within the team** (``withinClusterQueue``): lower-priority work of the object's own queue.
+3. Never: work of another team within its nominal quota, whatever its priority; work of equal
+   or higher priority of the same team; a task that has run less than ``min_run_seconds``
+   (hysteresis); a model's replicas up to its ``min_replicas`` (and models at all unless the
+   admin allows it); the object that preempted the waiting object (no loops).
+
+Victims are tried reclaim first, then lowest priority, then most recently started (the least
+work lost), and only as many as needed: once the object fits, each victim is put back if the
+object still fits without stopping it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from reconciler.plan.actions import Action, ActionType
+from reconciler.plan.actual import ActualState
+from reconciler.plan.quota import Ledger, model_gpus, quota_use
+from reconciler.spec.hashing import model_spec_hash, task_spec_hash
+from reconciler.spec.types import GPU, ClusterSpec, DesiredState, ObjectKey
+
+RECLAIM = "reclaim"
+WITHIN_TEAM = "within team"
+
+
+@dataclass(frozen=True)
+class Running:
+    """Running work that could be preempted: what it holds and what stopping it frees."""
+
+    key: ObjectKey
+    group: str
+    priority: int
+    amount: Mapping[str, float]  # quota resources freed
+    real: Mapping[str, float]  # Ray resources freed
+    started: float | None  # epoch seconds the run started (tasks); None: unknown
+    submission_id: str | None = None  # a task's run
+    replicas: int | None = None  # a model: replicas it keeps (its min_replicas)
+    spec_hash: str | None = None
+    source_path: str | None = None
+
+
+def may_preempt(cluster: ClusterSpec) -> bool:
+    """Whether any preemption is possible: teams to reclaim for, or priorities to preempt by."""
+    policy = cluster.preemption
+    reclaim = bool(cluster.teams) and policy.reclaim != "Never"
+    within = len(set(cluster.priority_classes.values())) > 1 and policy.within_team != "Never"
+    return reclaim or within
+
+
+def running_work(desired: DesiredState, actual: ActualState, busy: frozenset[ObjectKey]) -> list[Running]:
+    """Every owned object running as its file says that preemption may stop (or scale down).
+
+    ``busy``: objects the plan already changes (not preempted on top). A task whose file is
+    invalid counts at its kind's default priority: breaking a file does not shield borrowed GPUs.
+    Suspended objects count too: suspending holds a file's changes back, not the admin's quotas.
+    """
+    cluster = desired.cluster
+    out: list[Running] = []
+    teamed = bool(cluster.teams)
+    for job in actual.jobs:
+        if not job.active or job.key in busy:
+            continue
+        spec = desired.tasks.get(job.key)
+        if spec is None and job.key not in desired.invalid:
+            continue  # its file is gone: it is being stopped (or held by the guard)
+        if spec is not None and job.spec_hash != task_spec_hash(spec):
+            continue  # an old spec's run, stopped by the plan
+        out.append(
+            Running(
+                key=job.key,
+                group=cluster.team_of(job.key.user) if teamed else "",
+                priority=cluster.priority_value("task", spec.priority if spec is not None else None),
+                amount=quota_use(job.resources, task=True),
+                real=dict(job.resources),
+                started=job.start_time / 1000 if job.start_time is not None else None,
+                submission_id=job.submission_id,
+            )
+        )
+    if not cluster.preemption.models:
+        return out
+    for key, live in actual.models.items():
+        model = desired.models.get(key)
+        if key in busy or model is None or model.min_replicas is None or model.source_task is not None:
+            continue
+        spare = live.replicas - model.min_replicas
+        if spare <= 0 or live.spec_hash != model_spec_hash(model, cluster):
+            continue
+        # One entry per spare replica, the last one first: a model loses only the replicas needed.
+        one = {r: v for r, v in live.resources_per_replica.items() if v}
+        for keep in range(live.replicas - 1, model.min_replicas - 1, -1):
+            out.append(
+                Running(
+                    key=key,
+                    group=cluster.team_of(key.user) if teamed else "",
+                    priority=cluster.priority_value("model", model.priority),
+                    amount={GPU: model_gpus(live)},
+                    real=one,
+                    started=None,
+                    replicas=keep,
+                    spec_hash=live.spec_hash,
+                    source_path=model.source_path,
+                )
+            )
+    return out
+
+
+def choose_victims(
+    ledger: Ledger,
+    key: ObjectKey,
+    priority: int,
+    amount: Mapping[str, float],
+    demand: Mapping[str, float],
+    work: list[Running],
+    taken: set[ObjectKey],
+    now: int | None,
+    preempted: Mapping[ObjectKey, ObjectKey],
+) -> list[tuple[Running, str]] | None:
+    """The fewest running objects to stop so that ``key`` fits, with why each may be stopped;
+    None when no allowed set makes it fit (the ledger is then unchanged). The victims' resources
+    are given back to ``ledger``."""
+    cluster = ledger.cluster
+    policy = cluster.preemption
+    user = key.user
+    group = cluster.team_of(user) if cluster.teams else ""
+    reclaiming = bool(cluster.teams) and policy.reclaim != "Never" and ledger.within_nominal(group, amount)
+    options: list[tuple[int, Running, str]] = []
+    for w in work:
+        if w.key in taken or w.key == key or preempted.get(key) == w.key:
+            continue
+        if w.submission_id is not None and not _old_enough(w, now, policy.min_run_seconds):
+            continue
+        if w.group != group:
+            if not reclaiming or (policy.reclaim == "LowerPriority" and w.priority >= priority):
+                continue
+            if not ledger.borrowing(w.group):
+                continue
+            options.append((0, w, RECLAIM))
+        elif policy.within_team != "Never" and w.priority < priority:
+            options.append((1, w, WITHIN_TEAM))
+    if not options:
+        return None
+    options.sort(key=lambda o: (o[0], o[1].priority, -_started(o[1]), o[1].key, -(o[1].replicas or 0)))
+    chosen: list[tuple[Running, str]] = []
+    fits = False
+    for rank, w, why in options:
+        if rank == 0 and not ledger.borrowing(w.group):
+            continue  # earlier victims brought its queue back within its nominal quota
+        ledger.give_back(w.key.user, w.amount, w.real)
+        chosen.append((w, why))
+        if ledger.short(user, amount, demand) is None:
+            fits = True
+            break
+    if not fits:
+        for w, _why in chosen:
+            ledger.take(w.key.user, w.amount, w.real)
+        return None
+    for item in reversed(list(chosen)):  # keep only the victims it cannot fit without
+        w = item[0]
+        ledger.take(w.key.user, w.amount, w.real)
+        if ledger.short(user, amount, demand) is None:
+            chosen.remove(item)
+        else:
+            ledger.give_back(w.key.user, w.amount, w.real)
+    # A model's replicas were tried one at a time: it keeps the fewest replicas any chosen entry keeps.
+    models: dict[ObjectKey, tuple[Running, str]] = {}
+    for w, why in chosen:
+        if w.replicas is not None and (w.key not in models or w.replicas < (models[w.key][0].replicas or 0)):
+            models[w.key] = (w, why)
+    return [(w, why) for w, why in chosen if w.replicas is None] + sorted(models.values(), key=lambda m: m[0].key)
+
+
+def _started(w: Running) -> float:
+    """When ``w`` started; unknown counts as just now (stopping it loses the least)."""
+    return w.started if w.started is not None else math.inf
+
+
+def _old_enough(w: Running, now: int | None, min_run_seconds: int) -> bool:
+    """Hysteresis: a task is preemptible once it has run ``min_run_seconds`` (unknown: not yet)."""
+    if min_run_seconds <= 0:
+        return True
+    if now is None or w.started is None:
+        return False
+    return now - w.started >= min_run_seconds
+
+
+def victim_action(w: Running, by: ObjectKey, why: str) -> Action:
+    """The stop (task) or scale-down to ``min_replicas`` (model) that preempts ``w`` for ``by``."""
+    if w.submission_id is not None:
+        reason = f"Preempted by {by} ({why}): stopping run {w.submission_id}; it resumes when there is room"
+        return Action(
+            ActionType.STOP_TASK, w.key, reason, submission_id=w.submission_id, preempted_by=by, preemption=why
+        )
+    reason = f"Preempted by {by} ({why}): scaled down to {w.replicas} replicas (its min_replicas is the floor)"
+    return Action(
+        ActionType.SCALE_MODEL,
+        w.key,
+        reason,
+        spec_hash=w.spec_hash,
+        replicas=w.replicas,
+        source_path=w.source_path,
+        preempted_by=by,
+        preemption=why,
+    )
