@@ -9,6 +9,7 @@ traceback, counted, shown in /healthz and the status README, retried with back-o
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ from reconciler.errors import RayUnavailable, SourceUnavailable
 from reconciler.redact import Redactor
 from reconciler.report import Reporter
 from reconciler.server import Metrics
+from reconciler.status.auth import status_key
 from reconciler.status.lease import Lease
 from reconciler.status.writer import StatusWriter, default_redaction
 from reconciler.tick import Reconciler
@@ -68,6 +70,16 @@ class Daemon:
         # run there before submitting it (reconciler/tick.py, "Exactly once").
         reconciler.status_docs = writer.documents
         reconciler.record_runs = writer.record_runs
+        # Only records argus authenticated are read back: its status commits, notes and lease
+        # (reconciler/status/auth.py), anchored in the state folder (reconciler/status/trust.py).
+        key = status_key(reconciler.ownership_key)
+        if writer.auth_key is None:
+            writer.auth_key = key
+        if writer.anchor_file is None and reconciler.state_dir:
+            digest = hashlib.sha256(f"{reconciler.source.url}\0{writer.branch}".encode()).hexdigest()[:16]
+            writer.anchor_file = os.path.join(reconciler.state_dir, f"status-{digest}.json")
+        if lease is not None and lease.key is None:
+            lease.key = key
         self.wake = threading.Event()
         self.stop = threading.Event()
         self.last_tick_ok = 0.0
@@ -95,6 +107,10 @@ class Daemon:
             out["lease"] = {"holder": self.lease.holder, "held": self.lease.other is None, "other": self.lease.other}
             if self.lease.other is not None:
                 out["ok"] = False
+            if self.lease.ignored:
+                out["lease"]["ignored"] = self.lease.ignored
+        if self.writer.alerts:
+            out["integrity"] = list(self.writer.alerts)  # forged records ignored (status/trust.py)
         return out
 
     def close(self) -> None:

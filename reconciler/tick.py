@@ -49,8 +49,8 @@ from reconciler.spec.hashing import parse_submission_id, task_spec_hash
 from reconciler.spec.loader import ModelCheck, ParseCache, SourceFile, TaskCheck, classify, load
 from reconciler.spec.paths import FileSystem
 from reconciler.spec.types import ClusterSpec, DesiredState, ObjectKey, Paths, TaskSpec
-from reconciler.status.branch import read_documents
 from reconciler.status.documents import first_seen_of
+from reconciler.status.trust import trusted_documents
 
 log = logging.getLogger("argus")
 
@@ -165,7 +165,10 @@ class Reconciler:
         self.ownership_key = (
             ownership_key if ownership_key is not None else load_or_create_key(state_dir or default_state_dir())
         )
-        self.status_docs = status_docs or (lambda: read_documents(source.repo.path, STATUS_BRANCH, remote_too=True))
+        self.state_dir = state_dir  # the daemon keeps its status anchor there (reconciler/loop.py)
+        self.status_docs = status_docs or partial(
+            trusted_documents, source.repo.path, STATUS_BRANCH, self.ownership_key
+        )
         self.record_runs = record_runs
         self.serve_url = serve_url
         self._prober: ModelProber | None = None

@@ -16,8 +16,9 @@ can rebuild everything from Ray alone:
                        resources, and verl's GPUs are claimed by its workers)
 ``argus-workload``     ppo | grpo | sft | command
 ``argus-proof``        :func:`ownership_proof`: HMAC-SHA256 over the submission
-                       id, user, task and spec hash, keyed by a secret only
-                       the daemon holds
+                       id, every other label and what runs (entrypoint and
+                       runtime environment), keyed by a secret only the daemon
+                       holds
 ``argus-spec``         compact JSON of :func:`~reconciler.spec.hashing.task_spec_fields`
                        (a later plan names each changed field when it stops this run)
 =====================  ===================================================
@@ -25,6 +26,9 @@ can rebuild everything from Ray alone:
 Labels prove nothing by themselves: code running on the cluster can reach the Jobs API and
 submission ids are predictable from the public repository. Only a job whose ``argus-proof``
 verifies under the daemon's key is argus's; any other job is foreign, whatever its labels say.
+The proof covers what the job runs, not only its labels: job code holding the Ray token can
+delete a finished job and resubmit its id with the labels copied (``/api/v1/deployed``
+publishes them), but not with the proof of a different entrypoint or runtime environment.
 The run folder (and so the checkpoint a ``task:`` model serves) is derived from the proven
 submission id (:func:`run_folder`), never read from the labels.
 """
@@ -55,7 +59,8 @@ LABEL_RUN_DIR = "argus-run-dir"
 LABEL_RESOURCES = "argus-resources"
 LABEL_WORKLOAD = "argus-workload"
 LABEL_PROOF = "argus-proof"
-_PROOF_CONTEXT = b"argus-ownership-v1"
+_PROOF_CONTEXT = b"argus-ownership-v2"
+
 LABEL_SPEC = "argus-spec"
 
 ENV_RUN_DIR = "ARGUS_RUN_DIR"
@@ -99,23 +104,43 @@ def run_folder(users_root: str, user: str, task: str, sid: str) -> str:
     return posixpath.join(users_root, user, "jobs", task, sid)
 
 
-def ownership_proof(key: bytes, *, sid: str, user: str, task: str, spec_hash: str) -> str:
-    """Return the hex HMAC-SHA256 that marks job ``sid`` as argus's run of ``user``/``task`` at ``spec_hash``.
+def proof_fields(job: Mapping[str, Any]) -> bytes:
+    """The canonical bytes a proof covers: the labels (without the proof), the entrypoint and
+    the runtime environment of ``job`` (a submission body or Ray's ``JobDetails``, which name
+    them alike and which Ray returns as submitted). Not the entrypoint resources: Ray's job
+    details do not return them (they decide where the driver is placed, not what it runs; the
+    ``argus-resources`` label argus counts is covered). Raises TypeError/ValueError for values
+    that are not JSON."""
+    raw_meta = job.get("metadata")
+    meta = raw_meta if isinstance(raw_meta, Mapping) else {}
+    covered = {
+        "labels": {str(k): v for k, v in meta.items() if k != LABEL_PROOF},
+        "entrypoint": job.get("entrypoint"),
+        "runtime_env": job.get("runtime_env") or {},
+    }
+    return json.dumps(covered, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
-    Fields are NUL-separated (no name can contain NUL), so no two field tuples share a message.
-    """
-    message = b"\0".join([_PROOF_CONTEXT, *(f.encode() for f in (sid, user, task, spec_hash))])
-    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+def ownership_proof(key: bytes, sid: str, job: Mapping[str, Any]) -> str:
+    """Return the hex HMAC-SHA256 that marks ``job`` (a submission body) as argus's job ``sid``.
+
+    It covers the id and :func:`proof_fields` (NUL-separated: an id contains no NUL)."""
+    return hmac.new(key, b"\0".join([_PROOF_CONTEXT, sid.encode(), proof_fields(job)]), hashlib.sha256).hexdigest()
 
 
-def proof_valid(key: bytes, sid: str, metadata: Mapping[str, Any]) -> bool:
-    """True when ``metadata`` carries a valid :func:`ownership_proof` for job ``sid`` (constant-time compare)."""
-    claimed = metadata.get(LABEL_PROOF)
-    fields = [metadata.get(LABEL_USER), metadata.get(LABEL_TASK), metadata.get(LABEL_SPEC_HASH)]
+def proof_valid(key: bytes, sid: str, job: Mapping[str, Any]) -> bool:
+    """True when ``job`` (Ray's ``JobDetails``, or a submission body) carries a valid
+    :func:`ownership_proof` for job ``sid`` (constant-time compare)."""
+    raw_meta = job.get("metadata")
+    meta = raw_meta if isinstance(raw_meta, Mapping) else {}
+    claimed = meta.get(LABEL_PROOF)
+    fields = [meta.get(LABEL_USER), meta.get(LABEL_TASK), meta.get(LABEL_SPEC_HASH)]
     if not key or not isinstance(claimed, str) or not all(isinstance(f, str) and f for f in fields):
         return False
-    user, task, spec_hash = (str(f) for f in fields)
-    expected = ownership_proof(key, sid=sid, user=user, task=task, spec_hash=spec_hash)
+    try:
+        expected = ownership_proof(key, sid, job)
+    except (TypeError, ValueError):
+        return False
     return hmac.compare_digest(expected, claimed)
 
 
@@ -250,11 +275,9 @@ def job_metadata(
     *,
     run_folder: str,
     revision: str | None,
-    sid: str | None = None,
-    ownership_key: bytes = b"",
 ) -> dict[str, str]:
-    """Return the labels stored with the job (all values are strings), with the ownership proof
-    when ``ownership_key`` is given. ``run_folder`` is informational: the observer derives it."""
+    """Return the labels stored with the job (all values are strings), without the ownership
+    proof (:func:`job_submission` adds it). ``run_folder`` is informational: the observer derives it."""
     resources = {k: v for k, v in task_resources(task, cluster).items() if v}
     digest = task_spec_hash(task)
     out = {
@@ -268,11 +291,6 @@ def job_metadata(
         LABEL_WORKLOAD: task.workload,
         LABEL_SPEC: json.dumps(task_spec_fields(task), sort_keys=True, separators=(",", ":"), default=str),
     }
-    if ownership_key:
-        sid = sid or submission_id(task)
-        out[LABEL_PROOF] = ownership_proof(
-            ownership_key, sid=sid, user=task.key.user, task=task.key.name, spec_hash=digest
-        )
     return out
 
 
@@ -321,9 +339,7 @@ def job_submission(
     runtime_env: dict[str, Any] = {"env_vars": env}
     body: dict[str, Any] = {
         "submission_id": sid,
-        "metadata": job_metadata(
-            task, cluster, run_folder=folder, revision=revision, sid=sid, ownership_key=ownership_key
-        ),
+        "metadata": job_metadata(task, cluster, run_folder=folder, revision=revision),
         "entrypoint_resources": {k: float(v) for k, v in cluster.training.driver_resources.items()},
     }
     if task.workload == "command":
@@ -346,4 +362,6 @@ def job_submission(
             argv = [*argv[:at], *resume, *argv[at:]]
         body["entrypoint"] = shlex.join(argv)
     body["runtime_env"] = runtime_env
+    if ownership_key:  # last: the proof covers everything above
+        body["metadata"][LABEL_PROOF] = ownership_proof(ownership_key, sid, body)
     return body

@@ -159,7 +159,7 @@ class RayLogs:
         info = self._job(sid)
         meta = info.get("metadata") or {}
         labelled = (meta.get(MANAGED_BY), meta.get(LABEL_USER), meta.get(LABEL_TASK)) == (MANAGER, user, name)
-        proven = self.ownership_key is None or proof_valid(self.ownership_key, sid, meta)
+        proven = self.ownership_key is None or proof_valid(self.ownership_key, sid, info)
         if not (labelled and proven):
             raise LogNotFound(f"Ray does not hold {sid!r} as a run of {user}/tasks/{name}")
         return sid

@@ -120,7 +120,7 @@ def _to_actual(
     sid = info.get("submission_id")
     if not isinstance(meta, Mapping) or not isinstance(sid, str) or meta.get(MANAGED_BY) != MANAGER:
         return None
-    if not proof_valid(ownership_key, sid, meta):
+    if not proof_valid(ownership_key, sid, info):
         return None
     user, task = str(meta[LABEL_USER]), str(meta[LABEL_TASK])
     status = str(info.get("status", "PENDING"))

@@ -133,7 +133,11 @@ class ActualState:
         known = {j.submission_id for j in self.jobs}
         out = list(self.jobs)
         for run in self.recorded_runs:
-            if run.submission_id in known or run.submission_id in self.foreign_ids:
+            # A foreign job holding a recorded id voids only a record that may never have run
+            # (recorded, then refused by Ray); a final record stands: argus saw its own job end
+            # (job code can delete that job and squat its id, or Ray keeps a bare entry of it).
+            squatted = run.submission_id in self.foreign_ids and run.status not in FINAL_JOB_STATES
+            if run.submission_id in known or squatted:
                 continue
             known.add(run.submission_id)
             if run.status not in FINAL_JOB_STATES and run.status != LOST:

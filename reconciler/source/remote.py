@@ -1,5 +1,12 @@
 """Where the config repository lives: a local repository (read in place) or a remote URL
-(mirrored into a local bare clone and fetched). I/O."""
+(mirrored into a local bare clone and fetched). I/O.
+
+A remote's branches are mirrored into ``refs/heads/*``, except argus's own refs: the status
+branch, the notes and the lease are argus's output, which anyone who can push could forge.
+They are fetched into tracking refs only (:data:`TRACKING`), judged there
+(:mod:`reconciler.status.trust`, :mod:`reconciler.status.lease`), and never overwrite what
+argus wrote locally; argus's pushes replace the remote's copy with compare-and-swap against
+the tracking value (``--force-with-lease``)."""
 
 from __future__ import annotations
 
@@ -18,6 +25,18 @@ def is_local(repo: str) -> bool:
     return "://" not in repo and not repo.startswith("git@") and os.path.exists(repo)
 
 
+NOTES_TRACKING = "refs/remotes/origin-notes/"
+
+
+def tracking_ref(ref: str) -> str:
+    """Where the remote's copy of argus's own ``ref`` is fetched to (it is judged there)."""
+    if ref.startswith("refs/heads/"):
+        return "refs/remotes/origin/" + ref.removeprefix("refs/heads/")
+    if ref.startswith("refs/notes/"):
+        return NOTES_TRACKING + ref.removeprefix("refs/notes/")
+    return "refs/remotes/origin-argus/" + ref.removeprefix("refs/argus/")
+
+
 @dataclass
 class RepoSource:
     """The config repository as argus reads and writes it.
@@ -29,6 +48,7 @@ class RepoSource:
     url: str
     repo: GitRepo
     local: bool
+    status_branch: str = "argus/status"  # argus's own branch: never mirrored over (see above)
 
     def fetch(self) -> None:
         """Bring the mirror up to date (no-op for a local repository). Raises SourceUnavailable."""
@@ -40,18 +60,65 @@ class RepoSource:
             "--prune",
             "--force",
             "origin",
-            "+refs/heads/*:refs/heads/*",
-            "+refs/notes/*:refs/notes/*",
+            "+refs/heads/*:refs/remotes/origin/*",
+            f"+refs/notes/*:{NOTES_TRACKING}*",
         )
+        self._mirror_branches()
 
-    def push(self, refs: list[str]) -> bool:
-        """Push ``refs`` to the remote; False when rejected (someone else wrote first)."""
-        if self.local:
-            return True
+    def _mirror_branches(self) -> None:
+        """``refs/heads/*`` := the remote's branches, except the status branch (one git call)."""
+        own = f"refs/heads/{self.status_branch}"
+        listing = git(
+            self.repo.path, "for-each-ref", "--format=%(objectname) %(refname)", "refs/heads/", "refs/remotes/"
+        )
+        local: dict[str, str] = {}
+        remote: dict[str, str] = {}
+        for line in listing.decode(errors="replace").splitlines():
+            sha, _, ref = line.partition(" ")
+            if ref.startswith("refs/heads/"):
+                local[ref] = sha
+            elif ref.startswith("refs/remotes/origin/") and ref != "refs/remotes/origin/HEAD":
+                remote["refs/heads/" + ref.removeprefix("refs/remotes/origin/")] = sha
+        commands = [f"update {ref} {sha}\n" for ref, sha in remote.items() if ref != own and local.get(ref) != sha]
+        commands += [f"delete {ref}\n" for ref in local if ref != own and ref not in remote]
+        notes = "refs/notes/argus"
+        if not self.repo_has(notes) and self.repo_has(tracking_ref(notes)):
+            # A fresh mirror starts from the published notes (each note is verified when read).
+            commands.append(f"create {notes} {tracking_ref(notes)}\n")
+        if commands:
+            git(self.repo.path, "update-ref", "--stdin", input="".join(commands).encode())
+
+    def repo_has(self, ref: str) -> bool:
         proc = subprocess.run(
-            ["git", "-C", self.repo.path, "push", "--porcelain", "origin", *refs], capture_output=True
+            ["git", "-C", self.repo.path, "rev-parse", "--verify", "--quiet", ref], capture_output=True
         )
         return proc.returncode == 0
+
+    def push(self, refs: list[str]) -> bool:
+        """Push argus's own ``refs`` to the remote, each replacing the remote's copy only if it
+        is still what was last fetched (``--force-with-lease``); False when rejected (it moved).
+        The tracking refs follow a successful push."""
+        if self.local:
+            return True
+        leases = []
+        for ref in refs:
+            proc = subprocess.run(
+                ["git", "-C", self.repo.path, "rev-parse", "--verify", "--quiet", tracking_ref(ref)],
+                capture_output=True,
+                text=True,
+            )
+            leases.append(f"--force-with-lease={ref}:{proc.stdout.strip()}")
+        pushed = subprocess.run(
+            ["git", "-C", self.repo.path, "push", "--porcelain", *leases, "origin", *(f"{r}:{r}" for r in refs)],
+            capture_output=True,
+        )
+        if pushed.returncode != 0:
+            return False
+        commands = "".join(f"update {tracking_ref(r)} {r}\n" for r in refs)
+        subprocess.run(
+            ["git", "-C", self.repo.path, "update-ref", "--stdin"], input=commands.encode(), capture_output=True
+        )
+        return True
 
 
 def open_source(url: str, cache_dir: str) -> RepoSource:

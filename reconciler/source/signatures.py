@@ -18,7 +18,10 @@ mass-deletion approval trailer come from verified commits only.
 
 A new head that is not a descendant of the last applied one is a **history rewrite**
 (a force-push). With signing required it is applied only when every commit since the last
-common ancestor verifies; otherwise the last applied tree stays in force. Without signing it
+common ancestor verifies *and* its net change (from the tree in force to the new one) is one
+that the signer of the new head commit may make alone, with that head newer than the one it
+replaces (:meth:`SignatureVerifier._rewrite_refused`); otherwise the last applied tree stays
+in force. Without signing it
 is applied and noted. The last applied head is kept in the daemon's state file, outside the
 repository, so a restart cannot be used to forget it.
 """
@@ -128,16 +131,9 @@ class SignatureVerifier:
             bad = [str(r) for r in tree.rejections if r.commit in since_base]
             kept = self._verify(previous) if self._exists(previous) else None
             if not bad and kept is not None:
-                # Every new commit verifies, but a rewrite also *drops* commits (a rewind drops
-                # them without adding any): the net change from the tree in force must be one
-                # that the signers of the new commits were allowed to make.
-                signers = {tree.signers[c] for c in since_base if c in tree.signers}
-                old, new = kept.entries or {}, tree.entries or {}
-                for path in sorted(set(old) | set(new)):
-                    if old.get(path) != new.get(path) and not any(self._refuse(path, s) is None for s in signers):
-                        who = ", ".join(sorted(signers)) or "nobody (no new signed commit)"
-                        bad.append(f"{path} changes, and the new commits are signed by {who}")
-                        break
+                why = self._rewrite_refused(previous, head, kept, tree)
+                if why is not None:
+                    bad.append(why)
             if bad and kept is None:
                 # The tree in force cannot be rebuilt (its commit is gone): apply nothing, delete nothing.
                 raise SourceUnavailable(
@@ -160,6 +156,35 @@ class SignatureVerifier:
             )
         self._remember(tree)
         return tree
+
+    def _rewrite_refused(self, previous: str, head: str, kept: TrustedTree, tree: TrustedTree) -> str | None:
+        """Why the rewrite from ``previous`` (whose trusted tree is ``kept``) to ``head`` (trusted
+        tree ``tree``) is refused, or None when it is applied.
+
+        Every new commit verifying is not enough: a rewrite also drops commits, and its new
+        commits may come from anywhere (an admin's commit from an unmerged branch). The net
+        change, from the tree in force to the new one, must be one that a single identity may
+        make: the signer of the new head commit, the one commit whose signature covers the
+        whole resulting history. An admin-signed head applies any net change; a user-signed
+        head only changes under ``users/<user>/``. The head must also be newer (committer
+        date, which the signature covers) than the head it replaces, so an old signed commit
+        (an admin's stale branch, a rewind) cannot be replayed over newer work."""
+        old, new = kept.entries or {}, tree.entries or {}
+        changed = sorted(p for p in set(old) | set(new) if old.get(p) != new.get(p))
+        if not changed:
+            return None
+        signer = self._signer(head, self._read_signers())
+        if signer is None:
+            return f"{changed[0]} changes, and the new head {head[:12]} is not signed by an allowed key"
+        if self._committed_at(head) < self._committed_at(previous):
+            return (
+                f"{changed[0]} changes, and the new head {head[:12]} (signed by {signer}) is older than "
+                f"the {previous[:12]} it replaces"
+            )
+        for path in changed:
+            if self._refuse(path, signer) is not None:
+                return f"{path} changes, and the new head is signed by {signer}, who may not change it alone"
+        return None
 
     # -- verification ---------------------------------------------------------------------
     def _verify(self, head: str, base: TrustedTree | None = None) -> TrustedTree:
@@ -298,6 +323,9 @@ class SignatureVerifier:
             ["git", "-C", self.repo.path, "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True
         )
         return proc.returncode == 0
+
+    def _committed_at(self, commit: str) -> int:
+        return int(git(self.repo.path, "log", "-1", "--format=%ct", commit).decode().strip() or 0)
 
     def _first_parent(self, rev_range: str) -> set[str]:
         return set(git(self.repo.path, "rev-list", "--first-parent", rev_range).decode().split())

@@ -15,7 +15,10 @@ import yaml
 from reconciler import faults
 from reconciler.errors import ConcurrentWrite, SourceUnavailable
 from reconciler.source.git import decode_path, git
+from reconciler.status.auth import note_verifies, sign_commit_message, sign_note, split_trailer
 from reconciler.status.documents import LOADER
+
+SAME = "same as parent"  # TreeWriter.commit's default ``expected``: the ref is at the parent
 
 AUTHOR = {
     "GIT_AUTHOR_NAME": "argus",
@@ -43,9 +46,12 @@ def tip(repo: str, branch: str, *, remote_too: bool | str = False) -> str | None
     return None
 
 
-def read_documents(repo: str, branch: str, *, remote_too: bool | str = False) -> dict[str, dict[str, Any]]:
-    """Return the status documents (path -> mapping) on ``branch``; empty when it does not exist."""
-    head = tip(repo, branch, remote_too=remote_too)
+def read_documents(
+    repo: str, branch: str, *, remote_too: bool | str = False, commit: str | None = None
+) -> dict[str, dict[str, Any]]:
+    """Return the status documents (path -> mapping) on ``branch`` (or at ``commit``); empty
+    when it does not exist."""
+    head = commit or tip(repo, branch, remote_too=remote_too)
     if head is None:
         return {}
     listing = git(repo, "ls-tree", "-r", "-z", head, "--", "users").split(b"\0")
@@ -136,8 +142,9 @@ class TreeWriter:
     the sub-trees they are in (git's cache-tree). At 10,000 files a one-file commit takes a few
     git calls on a small input instead of re-indexing every file. Thread-safe."""
 
-    def __init__(self, repo: str) -> None:
+    def __init__(self, repo: str, auth_key: bytes | None = None) -> None:
         self.repo = repo
+        self.auth_key = auth_key  # signs every commit (reconciler.status.auth); None: unsigned
         self._dir = tempfile.mkdtemp(prefix="argus-index-")
         self._env = {**os.environ, **AUTHOR, "GIT_INDEX_FILE": os.path.join(self._dir, "index")}
         self._lock = threading.Lock()
@@ -158,9 +165,14 @@ class TreeWriter:
         message: str,
         parent: str | None,
         parent_blobs: Mapping[str, str] | None = None,
+        expected: str | None = SAME,
     ) -> str | None:
         """Like :func:`commit_tree`; ``parent_blobs`` (the parent's files, when the caller
-        knows them) spares reading the parent's tree when the index does not hold it."""
+        knows them) spares reading the parent's tree when the index does not hold it.
+
+        ``expected``: where the ref is now, when that is not ``parent`` (a tip argus does not
+        trust: the ref moves from it to a commit on ``parent``, even with an unchanged tree)."""
+        expected = parent if expected == SAME else expected
         with self._lock:
             if parent is None:
                 parent_tree = None
@@ -184,19 +196,24 @@ class TreeWriter:
                 self._tree = self._git("write-tree")
                 self._blobs = dict(blobs)
             tree = self._tree
-            if parent is not None and tree == parent_tree:
+            if parent is not None and tree == parent_tree and expected == parent:
                 return None
+            assert tree is not None
+            if self.auth_key is not None:
+                message = sign_commit_message(self.auth_key, tree, [parent] if parent else [], message)
             commit = self._git(
                 "commit-tree", tree, "-F", "-", *(["-p", parent] if parent else []), input=message.encode()
             )
             self._commit_tree = (commit, tree)
         faults.point("status_commit")  # objects written, ref not yet moved
         moved = subprocess.run(
-            ["git", "-C", self.repo, "update-ref", f"refs/heads/{branch}", commit, parent or "0" * 40],
+            ["git", "-C", self.repo, "update-ref", f"refs/heads/{branch}", commit, expected or "0" * 40],
             capture_output=True,
         )
         if moved.returncode != 0:
-            raise ConcurrentWrite(f"{branch} is no longer at {parent}: {moved.stderr.decode(errors='replace').strip()}")
+            raise ConcurrentWrite(
+                f"{branch} is no longer at {expected}: {moved.stderr.decode(errors='replace').strip()}"
+            )
         return commit
 
 
@@ -212,15 +229,24 @@ def read_file(repo: str, commit: str, path: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def write_note(repo: str, commit: str, text: str, ref: str = "argus", *, replace: bool = True) -> bool:
-    """Attach ``text`` as the note of ``commit`` under refs/notes/<ref>.
+def write_note(
+    repo: str, commit: str, text: str, ref: str = "argus", *, replace: bool = True, auth_key: bytes | None = None
+) -> bool:
+    """Attach ``text`` as the note of ``commit`` under refs/notes/<ref>, authenticated with
+    ``auth_key`` when given (:func:`reconciler.status.auth.sign_note`).
 
     Returns False when nothing was written: the note is unchanged, or one exists and
-    ``replace`` is False.
+    ``replace`` is False. With ``auth_key``, a note that does not verify (someone else wrote
+    it) counts as absent: it is replaced.
     """
     current = subprocess.run(["git", "-C", repo, "notes", f"--ref={ref}", "show", commit], capture_output=True)
-    if current.returncode == 0 and (not replace or current.stdout.decode().rstrip("\n") == text.rstrip("\n")):
+    existing = current.stdout.decode(errors="replace") if current.returncode == 0 else None
+    if existing is not None and auth_key is not None:
+        existing = split_trailer(existing)[0] if note_verifies(auth_key, commit, existing) else None
+    if existing is not None and (not replace or existing.rstrip("\n") == text.rstrip("\n")):
         return False
+    if auth_key is not None:
+        text = sign_note(auth_key, commit, text)
     env = {**os.environ, **AUTHOR}
     subprocess.run(
         ["git", "-C", repo, "notes", f"--ref={ref}", "add", "-f", "-F", "-", commit],

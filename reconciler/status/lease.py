@@ -6,11 +6,18 @@ A daemon that finds the lease held by another, unexpired holder applies nothing 
 reports it; a lease nobody renews (its daemon was killed) expires and is taken over. Every
 write is a compare-and-swap on the ref (``git update-ref <new> <old>`` in a local repository,
 ``git push --force-with-lease`` to a remote), so two daemons can never both hold it.
+
+A lease is argus's only when its ``auth`` verifies under the status key
+(:func:`reconciler.status.auth.lease_verifies`; the daemon sets ``key``): a lease anyone else
+pushed — a far-future expiry that would stop every daemon — is ignored (taken over at once)
+and reported (``ignored``). Daemons sharing a repository must share the ownership key. A
+remote's lease is fetched into a tracking ref, never over argus's own.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -19,8 +26,11 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from reconciler.source.remote import RepoSource
+from reconciler.source.remote import RepoSource, tracking_ref
+from reconciler.status.auth import lease_mac, lease_verifies
 from reconciler.status.branch import AUTHOR
+
+log = logging.getLogger("argus")
 
 LEASE_REF = "refs/argus/lease"
 ZERO = "0" * 40
@@ -43,6 +53,8 @@ class Lease:
     ttl: float = 60.0
     clock: Callable[[], float] = time.time
     other: str | None = None  # the holder seen last time the lease was not ours
+    key: bytes | None = None  # the status key (reconciler.status.auth); None: leases are not authenticated
+    ignored: str | None = None  # the last lease ignored because it does not verify (reported)
 
     def acquire(self) -> bool:
         """Take or renew the lease. Returns True when this daemon holds it now; False when
@@ -52,7 +64,7 @@ class Lease:
         if data is not None and data.get("holder") != self.holder and _expires(data) > now:
             self.other = str(data.get("holder"))
             return False
-        commit = self._commit({"holder": self.holder, "expires": now + self.ttl})
+        commit = self._commit({"holder": self.holder, "expires": float(now + self.ttl)})
         if not self._swap(commit, current):
             _, data = self._read()
             self.other = str((data or {}).get("holder", "unknown"))
@@ -64,7 +76,7 @@ class Lease:
         """Give the lease up (at shutdown) so another daemon need not wait for it to expire."""
         current, data = self._read()
         if current and data is not None and data.get("holder") == self.holder:
-            self._swap(self._commit({"holder": self.holder, "expires": 0}), current)
+            self._swap(self._commit({"holder": self.holder, "expires": 0.0}), current)
 
     # -- git ------------------------------------------------------------------------------
     def _git(self, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
@@ -74,19 +86,32 @@ class Lease:
         )
 
     def _read(self) -> tuple[str | None, dict[str, object] | None]:
+        """(the lease commit, its data); data None when there is none or it is not argus's."""
+        ref = LEASE_REF
         if not self.source.local:
-            self._git("fetch", "--quiet", "--force", "origin", f"+{LEASE_REF}:{LEASE_REF}")
-        sha = self._git("rev-parse", "--verify", "--quiet", LEASE_REF).stdout.decode().strip() or None
+            ref = tracking_ref(LEASE_REF)
+            self._git("fetch", "--quiet", "--prune", "--force", "origin", f"+refs/argus/*:{ref.rsplit('/', 1)[0]}/*")
+        sha = self._git("rev-parse", "--verify", "--quiet", ref).stdout.decode().strip() or None
         if sha is None:
             return None, None
         message = self._git("log", "-1", "--format=%B", sha).stdout.decode()
         try:
             data = json.loads(message)
         except ValueError:
-            return sha, {"holder": "unreadable lease", "expires": 0}
-        return sha, data if isinstance(data, dict) else {"holder": "unreadable lease", "expires": 0}
+            data = None
+        if not isinstance(data, dict):
+            data = {"holder": "unreadable lease", "expires": 0}
+        if self.key is not None and not lease_verifies(self.key, data):
+            report = f"lease {sha[:12]} (holder {str(data.get('holder'))[:80]!r}) was not written by argus: ignored"
+            if report != self.ignored:
+                log.warning(json.dumps({"event": "lease_forged", "error": report}))
+            self.ignored = report
+            return sha, None
+        return sha, data
 
     def _commit(self, data: dict[str, object]) -> str:
+        if self.key is not None:
+            data = {**data, "auth": lease_mac(self.key, str(data["holder"]), float(str(data["expires"])))}
         empty = self._git("hash-object", "-t", "tree", "-w", "--stdin", input=b"").stdout.decode().strip()
         out = self._git("commit-tree", empty, "-F", "-", input=json.dumps(data, sort_keys=True).encode())
         return out.stdout.decode().strip()
@@ -100,6 +125,7 @@ class Lease:
         if push.returncode != 0:
             return False
         self._git("update-ref", LEASE_REF, new)
+        self._git("update-ref", tracking_ref(LEASE_REF), new)
         return True
 
 

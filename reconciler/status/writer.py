@@ -10,8 +10,10 @@ built upon, never overwritten.
 from __future__ import annotations
 
 import logging
+import subprocess
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +22,7 @@ from reconciler.errors import ConcurrentWrite
 from reconciler.plan.actions import ActionType, Plan
 from reconciler.plan.assess import ObjectStatus
 from reconciler.redact import redact, redact_tree
-from reconciler.source.remote import RepoSource
+from reconciler.source.remote import RepoSource, tracking_ref
 from reconciler.status.branch import (
     TreeWriter,
     hash_blobs,
@@ -31,11 +33,13 @@ from reconciler.status.branch import (
     write_note,
 )
 from reconciler.status.documents import dump, dump_json, object_document, readme, readme_row
+from reconciler.status.trust import StatusTrust
 
 log = logging.getLogger("argus")
 NOTES_REF = "argus"
 ROOT_FILE = "revision.yaml"
 MAX_ATTEMPTS = 5
+MAX_ALERTS = 10  # integrity alerts kept for the README and /healthz (the newest)
 
 
 def utc_now() -> str:
@@ -79,7 +83,13 @@ class StatusWriter:
     Redaction has one choke point, :meth:`_safe`: every value that becomes a blob (object
     documents, ``revision.yaml``, ``actual.json``) passes through it before it is cached or
     serialised, the README is assembled from rows of those documents and from redacted
-    messages, and commit messages and notes pass through ``redact`` as whole texts."""
+    messages, and commit messages and notes pass through ``redact`` as whole texts.
+
+    ``auth_key`` (:func:`reconciler.status.auth.status_key`; the daemon sets it) authenticates
+    every commit and note written, and only commits that verify are read back
+    (:class:`~reconciler.status.trust.StatusTrust`, anchored in ``anchor_file`` in the state
+    folder); a tip that does not is ignored, reported in ``alerts``, and replaced by the next
+    write. Without a key the branch is written and read as it is (tests, old set-ups)."""
 
     source: RepoSource
     branch: str = "argus/status"
@@ -103,12 +113,31 @@ class StatusWriter:
     _actual_entries: dict[str, Any] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)
     _tree_writer: TreeWriter | None = None
+    auth_key: bytes | None = None
+    anchor_file: str | None = None
+    alerts: deque[str] = field(default_factory=lambda: deque(maxlen=MAX_ALERTS))
+    _trust: StatusTrust | None = None
+    _refs_seen: tuple[str | None, str | None] | None = None  # (local, published) last resolved
+    _expected: str | None = None  # where the local ref is (the CAS value of the next commit)
+
+    def __post_init__(self) -> None:
+        self.source.status_branch = self.branch  # mirrored from the remote never (remote.py)
 
     @property
     def _trees(self) -> TreeWriter:
         if self._tree_writer is None or self._tree_writer.repo != self.source.repo.path:
-            self._tree_writer = TreeWriter(self.source.repo.path)
+            self._tree_writer = TreeWriter(self.source.repo.path, self.auth_key)
+        self._tree_writer.auth_key = self.auth_key
         return self._tree_writer
+
+    def alert(self, message: str) -> None:
+        """Report an integrity problem (a forged record ignored): logged once, kept for the
+        status README and /healthz (the newest :data:`MAX_ALERTS`)."""
+        text = f"{self.now()} {self.redact(message)}"
+        if any(a.partition(" ")[2] == text.partition(" ")[2] for a in self.alerts):
+            return
+        log.warning("status integrity: %s", text)
+        self.alerts.append(text)
 
     def write(self, report: StatusReport) -> str | None:
         """Commit the status tree if anything changed; note the desired commit. Returns the
@@ -123,9 +152,11 @@ class StatusWriter:
                 log.info("status branch moved under us (%s); retrying on the new tip", exc)
                 continue
             noted = self._note(report)
-            if commit is None and not noted:
+            republish = self._unpublished()
+            if commit is None and not noted and not republish:
                 return None
-            refs = ([f"refs/heads/{self.branch}"] if commit else []) + ([f"refs/notes/{NOTES_REF}"] if noted else [])
+            refs = [f"refs/heads/{self.branch}"] if commit or republish else []
+            refs += [f"refs/notes/{NOTES_REF}"] if noted else []
             if self.source.push(refs):
                 if commit:
                     self.commits += 1
@@ -134,6 +165,14 @@ class StatusWriter:
             self.source.fetch()
         log.warning("status write kept losing races; will retry next tick")
         return None
+
+    def _unpublished(self) -> bool:
+        """True when the remote's status branch is not the one argus holds (forged, rewound,
+        deleted): the next push replaces it."""
+        with self._lock:
+            if self.source.local or self.auth_key is None or self._expected is None:
+                return False
+            return self._refs()[1] != self._expected
 
     def documents(self) -> dict[str, dict[str, Any]]:
         """The status documents the branch holds now (re-read only when its tip moved).
@@ -152,6 +191,7 @@ class StatusWriter:
         for _attempt in range(MAX_ATTEMPTS):
             with self._lock:
                 parent = self._refresh()
+                expected = self._expected
                 docs, known = dict(self._docs), dict(self._blobs)
             for key, sid, spec_hash in runs:
                 doc = dict(docs.get(key.path) or {"object": str(key), "kind": "Task", "state": "SUBMITTED"})
@@ -166,9 +206,12 @@ class StatusWriter:
             blobs = {**known, **hash_blobs(self.source.repo.path, changed)}
             message = self.redact("argus: submitting " + ", ".join(sid for _key, sid, _hash in runs) + "\n")
             try:
-                commit = self._trees.commit(self.branch, blobs, message, parent, known)
+                commit = self._trees.commit(self.branch, blobs, message, parent, known, expected)
             except ConcurrentWrite:
                 continue  # the ref moved under us (compare-and-swap): re-read and retry
+            if commit is not None:
+                with self._lock:
+                    self._committed(commit)
             if commit is None or self.source.push([f"refs/heads/{self.branch}"]):
                 if commit is not None:
                     with self._lock:
@@ -185,16 +228,70 @@ class StatusWriter:
 
     def _refresh(self) -> str | None:
         """Re-read the branch when its tip is not the one this writer knows (call under the
-        lock). Returns the tip."""
-        parent = tip(self.source.repo.path, self.branch)
-        if parent != self._tip:  # first use, or someone else moved the branch: re-read it
-            self._reload(parent)
-        return parent
+        lock). Returns the commit to build on (the trusted one); ``_expected`` is where the
+        local ref is."""
+        repo = self.source.repo.path
+        if self.auth_key is None:
+            parent = tip(repo, self.branch)
+            self._expected = parent
+            if parent != self._tip:  # first use, or someone else moved the branch: re-read it
+                self._reload(parent)
+            return parent
+        local, published = self._refs()
+        if (local, published) == self._refs_seen:
+            return self._tip
+        if self._trust is None:
+            self._trust = StatusTrust(self.auth_key, self.anchor_file)
+        resolution = self._trust.resolve(repo, [published, local] if published != local else [local])
+        for message in resolution.alerts:
+            self.alert(message)
+        base = resolution.base
+        if not self.source.local and base is not None and published is None and local is not None:
+            self.alert(f"the status branch is missing on the remote: {base[:12]} is published again")
+        if base is not None and base == published and local != published:
+            # Another daemon with this key wrote on: the local ref follows (compare-and-swap).
+            moved = subprocess.run(
+                ["git", "-C", repo, "update-ref", f"refs/heads/{self.branch}", base, local or "0" * 40],
+                capture_output=True,
+            )
+            if moved.returncode == 0:
+                local = base
+        self._expected = local
+        if base != self._tip:
+            self._reload(base)
+        self._refs_seen = (local, published)
+        return base
+
+    def _refs(self) -> tuple[str | None, str | None]:
+        """(the local status ref, the remote's copy of it: None for a local repository)."""
+        own = f"refs/heads/{self.branch}"
+        refs = [own] if self.source.local else [own, tracking_ref(own)]
+        proc = subprocess.run(
+            ["git", "-C", self.source.repo.path, "for-each-ref", "--format=%(objectname) %(refname)", *refs],
+            capture_output=True,
+            text=True,
+        )
+        found: dict[str, str] = {}
+        for line in proc.stdout.splitlines():
+            sha, _, ref = line.partition(" ")
+            found[ref] = sha
+        return found.get(own), (None if self.source.local else found.get(tracking_ref(own)))
+
+    def _committed(self, commit: str) -> None:
+        """``commit`` is argus's and the local ref is at it (call under the lock)."""
+        self._expected = commit
+        if self.auth_key is not None:
+            if self._trust is None:
+                self._trust = StatusTrust(self.auth_key, self.anchor_file)
+            self._trust.remember(commit)
+        # Resolved again on the next read: cheap (the commit is the anchor), and it picks up the
+        # cache this writer's other thread may not have updated.
+        self._refs_seen = None
 
     def _reload(self, parent: str | None) -> None:
         """Forget the cache and read what the branch holds at ``parent``."""
         repo = self.source.repo.path
-        self._docs = read_documents(repo, self.branch) if parent else {}
+        self._docs = read_documents(repo, self.branch, commit=parent) if parent else {}
         self._blobs = tree_blobs(repo, parent) if parent else {}
         self._root = read_file(repo, parent, ROOT_FILE) if parent else {}
         self._rows = {path: readme_row(path, doc) for path, doc in self._docs.items()}
@@ -205,6 +302,8 @@ class StatusWriter:
         repo = self.source.repo.path
         with self._lock:  # a consistent view of the cache; built and committed outside the lock
             parent = self._refresh()
+            expected = self._expected
+            alerts = list(self.alerts)
             previous, known_inputs, known_blobs = self._docs, dict(self._inputs), dict(self._blobs)
             known_rows, known_written = dict(self._rows), dict(self._written)
             last_actual = self._last_actual
@@ -286,7 +385,7 @@ class StatusWriter:
         changed["README.md"] = readme(
             rows,
             revision=root.get("revision", {}).get("last_attempted"),
-            errors=errors + [self.redact(n) for n in report.notes],
+            errors=errors + [self.redact(n) for n in report.notes] + [f"integrity: {a}" for a in alerts],
             last_applied=root.get("revision", {}).get("last_applied"),
             daemon_error=root.get("daemon_error"),
         )
@@ -305,9 +404,11 @@ class StatusWriter:
         blobs.update(hash_blobs(repo, changed))
         subject = f"argus: {len(transitions)} transition(s) at {(report.revision or 'unknown')[:12]}"
         message = self.redact(subject + ("\n\n" + "\n".join(transitions) if transitions else "") + "\n")
-        commit = self._trees.commit(self.branch, blobs, message, parent, known_blobs)
+        commit = self._trees.commit(self.branch, blobs, message, parent, known_blobs, expected)
         self.files_changed = sum(1 for p in set(blobs) | set(known_blobs) if blobs.get(p) != known_blobs.get(p))
         with self._lock:
+            if commit is not None:
+                self._committed(commit)
             if (commit is not None or parent is not None) and self._tip == parent:
                 self._tip = commit or parent
                 self._docs, self._blobs, self._rows, self._inputs, self._root = docs, blobs, rows, inputs, root
@@ -392,4 +493,6 @@ class StatusWriter:
         # act (a queued model finally deploying), so "in sync" never hides what the push did.
         acted = report.plan is not None and report.plan.has_changes
         text = self.redact("\n".join(lines) + "\n")
-        return write_note(self.source.repo.path, report.revision, text, NOTES_REF, replace=acted)
+        return write_note(
+            self.source.repo.path, report.revision, text, NOTES_REF, replace=acted, auth_key=self.auth_key
+        )

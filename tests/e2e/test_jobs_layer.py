@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.apply.jobs import stop_job, submit_job
-from reconciler.builders.jobs import job_submission, run_dir
+from reconciler.builders.jobs import job_submission, ownership_proof, run_dir
 from reconciler.dashboard import Dashboard
 from reconciler.errors import ApplyFailed
 from reconciler.observe.jobs import find_hf_checkpoint, job_log_tail, observe_jobs
@@ -161,6 +161,7 @@ def test_bad_runtime_env_fails_the_job_not_the_submit(dash: Dashboard, cluster: 
     """Ray 2.60 accepts the submission and fails the job: the error surfaces as FAILED + message."""
     body = job_submission(command_task("badenv", "true"), cluster, revision=None, secrets_env={}, ownership_key=KEY)
     body["runtime_env"]["pip"] = 5  # not a list or a requirements file
+    body["metadata"]["argus-proof"] = ownership_proof(KEY, body["submission_id"], body)  # what runs changed
     sid = submit_job(dash, body)
     done = wait_status(dash, sid, {"FAILED", "SUCCEEDED"}, timeout=60)
     assert done.status == "FAILED" and "pip" in done.message
@@ -276,3 +277,45 @@ def test_forged_job_is_foreign_and_feeds_no_model(dash: Dashboard, cluster: Clus
     again = reconciler.tick()
     assert not any(a.type is ActionType.DEPLOY_MODEL for a in again.plan.actions)  # bob's folder is never served
     assert not any(a.type is ActionType.SUBMIT_TASK for a in again.plan.actions)  # alice's run counts, once
+
+
+def test_a_resubmitted_job_with_copied_labels_is_foreign(dash: Dashboard, cluster: ClusterSpec, tmp_path: Path) -> None:
+    """Job code holding the Ray token deletes argus's finished job and resubmits its id with the
+    labels (and proof) copied, running something else: foreign. Resubmitting exactly what argus
+    submitted (entrypoint and runtime environment included) stays argus's run: it runs nothing
+    argus would not have run."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "job.py").write_text("print('argus ran me')\n")
+    task = command_task("copied", f"{PY} job.py", working_dir=str(code))
+    sid = submit(dash, task, cluster)
+    original = wait_status(dash, sid, {"SUCCEEDED", "FAILED"})
+    assert original.status == "SUCCEEDED", job_log_tail(dash, sid)  # Ray's JobDetails round-trip the proof
+    details = dash.get(f"/api/jobs/{sid}")
+    submitted = {
+        k: details[k]
+        for k in ("entrypoint", "runtime_env", "entrypoint_num_gpus", "entrypoint_resources", "metadata")
+        if details.get(k) is not None
+    }
+
+    def resubmit(**changes: object) -> None:
+        dash.delete(f"/api/jobs/{sid}")
+        dash.post("/api/jobs/", {**submitted, **changes, "submission_id": sid})
+        deadline = time.monotonic() + 60
+        while dash.get(f"/api/jobs/{sid}").get("status") not in ("SUCCEEDED", "FAILED", "STOPPED"):
+            assert time.monotonic() < deadline, "the resubmitted job did not finish"
+            time.sleep(0.5)
+
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / "job.py").write_text("print('mallory ran me')\n")
+    env = dict(submitted["runtime_env"])
+    for changes in (
+        {"entrypoint": f"{PY} -c \"print('mallory ran me')\""},
+        {"runtime_env": {**env, "working_dir": f"local://{evil}"}},
+        {"runtime_env": {**env, "env_vars": {**env.get("env_vars", {}), "PYTHONSTARTUP": str(evil / "job.py")}}},
+    ):
+        resubmit(**changes)
+        assert job(dash, sid) is None, f"a job with copied labels and {changes} was adopted"
+    resubmit()  # exactly as argus submitted it
+    assert job(dash, sid) is not None

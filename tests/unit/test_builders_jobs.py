@@ -162,13 +162,13 @@ def test_verl_submission_body() -> None:
         "argus-run-dir": folder,
         "argus-resources": '{"GPU":2.0,"worker_node":1.0}',
         "argus-workload": "grpo",
-        "argus-proof": ownership_proof(key, sid=sid, user="alice", task="grpo", spec_hash=task_spec_hash(task)),
+        "argus-proof": ownership_proof(key, sid, body),
         "argus-spec": body["metadata"]["argus-spec"],
     }
     recorded = json.loads(body["metadata"]["argus-spec"])  # for field-level diffs
     assert recorded == json.loads(json.dumps(task_spec_fields(task)))
     assert all(isinstance(v, str) for v in body["metadata"].values())
-    assert proof_valid(key, sid, body["metadata"])
+    assert proof_valid(key, sid, body)
 
 
 def test_command_submission_body() -> None:

@@ -25,13 +25,8 @@ from reconciler.testing.status_branch import commit_files, dump, task_doc
 SECRET = "s3cr3t-value-xyz"
 SID = "argus--ann--train--0123abcd"
 KEY = b"daemon-ownership-key-for-tests!!"
-PROVEN = {
-    "managed-by": "argus",
-    "argus-user": "ann",
-    "argus-task": "train",
-    "argus-spec-hash": "abc",
-    "argus-proof": ownership_proof(KEY, sid=SID, user="ann", task="train", spec_hash="abc"),
-}
+_LABELS = {"managed-by": "argus", "argus-user": "ann", "argus-task": "train", "argus-spec-hash": "abc"}
+PROVEN = {**_LABELS, "argus-proof": ownership_proof(KEY, SID, {"metadata": _LABELS})}
 
 
 class JobsAPI:
@@ -155,6 +150,7 @@ def test_the_deployed_spec_of_a_run_hides_secret_values() -> None:
             if path == f"/api/jobs/{SID}":
                 env = {"WANDB_API_KEY": "not-matching-any-pattern", "MODE": f"x{SECRET}y", "PLAIN": "1"}
                 data |= {"entrypoint": "python3 train.py", "entrypoint_num_gpus": 1, "runtime_env": {"env_vars": env}}
+                data["metadata"] = {**_LABELS, "argus-proof": ownership_proof(KEY, SID, {**data, "metadata": _LABELS})}
             return data
 
     spec = logs(WithSpec([("RUNNING", "")])).deployed_task_spec("ann", "train", task_doc("ann", "train"), None)

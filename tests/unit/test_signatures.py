@@ -265,3 +265,75 @@ def test_a_rewrite_signed_by_another_user_cannot_drop_carols_commits(repo: Repo)
     repo.write("cluster.yaml", "kind: Cluster\n# rewritten by the admin\n")
     admin = repo.commit("admin rewrites", "root")
     assert repo.tree().applied == admin
+
+
+def test_an_unrelated_admin_commit_cannot_lend_its_rights_to_a_users_rewrite(repo: Repo) -> None:
+    """The reported attack: an admin-signed commit from an unmerged branch plus mallory's own
+    commit, force-pushed, deleted carol's models. Every new commit verifies and each one is
+    within its signer's rights, but the net change is not one any single identity made."""
+    with repo.signers.open("a") as fh:
+        fh.write(f"mallory {repo.keys['mallory'][1]}\n")
+    base = git(repo.path, "rev-parse", "HEAD").strip()
+    git(repo.path, "checkout", "-q", "-b", "admin-wip")
+    repo.write("cluster.yaml", "kind: Cluster\n# the admin's unmerged experiment\n")
+    repo.commit("admin: try a setting", "root")
+    git(repo.path, "checkout", "-q", "main")
+    repo.write("users/carol/models/b.yaml", "b")
+    good = repo.commit("carol adds b", "carol")
+    assert repo.tree().applied == good
+    # mallory: main := the admin's branch plus her own signed commit, force-pushed.
+    git(repo.path, "reset", "-q", "--hard", "admin-wip")
+    repo.write("users/mallory/models/m.yaml", "m")
+    evil = repo.commit("mallory's own model", "mallory")
+    assert git(repo.path, "merge-base", good, evil).strip() == base
+    for verifier in (repo.verifier(), repo.verifier()):  # also after a restart
+        tree = repo.tree(verifier)
+        assert tree.applied == good and tree.head == evil
+        assert tree.entries is not None
+        assert "users/carol/models/b.yaml" in tree.entries
+        assert "users/mallory/models/m.yaml" not in tree.entries
+        note = next(n for n in tree.notes if n.startswith("history rewritten: not applied"))
+        assert "signed by mallory, who may not change it alone" in note
+
+
+def test_a_stale_admin_signed_head_cannot_be_replayed_over_newer_work(repo: Repo) -> None:
+    git(repo.path, "checkout", "-q", "-b", "admin-wip")
+    repo.write("cluster.yaml", "kind: Cluster\n# old experiment\n")
+    stale = repo.commit("admin: old experiment", "root")
+    git(repo.path, "checkout", "-q", "main")
+    repo.write("users/carol/models/b.yaml", "b")
+    good = repo.commit("carol adds b", "carol")
+    assert repo.tree().applied == good
+    git(repo.path, "reset", "-q", "--hard", stale)  # the admin's signed head, as it is
+    tree = repo.tree()
+    assert tree.applied == good
+    assert tree.entries is not None and "users/carol/models/b.yaml" in tree.entries
+    assert any("is older than" in n for n in tree.notes if n.startswith("history rewritten: not applied"))
+
+
+def test_an_admin_signed_head_may_rewrite_the_whole_history(repo: Repo) -> None:
+    repo.write("users/carol/models/b.yaml", "b")
+    repo.commit("carol adds b", "carol")
+    repo.tree()
+    git(repo.path, "reset", "-q", "--hard", "HEAD~1")
+    repo.write("users/carol/models/c.yaml", "c")
+    repo.commit("carol's other change", "carol")
+    repo.write("cluster.yaml", "kind: Cluster\n# the admin squashes and vouches for the result\n")
+    head = repo.commit("admin: the rewritten history as a whole", "root")
+    tree = repo.tree()
+    assert tree.applied == head
+    assert tree.entries is not None and "users/carol/models/b.yaml" not in tree.entries
+
+
+def test_a_users_rewrite_of_her_own_history_that_drops_another_users_commit_is_refused(repo: Repo) -> None:
+    repo.write("users/carol/models/b.yaml", "b")
+    repo.commit("carol adds b", "carol")
+    repo.write("cluster.yaml", "kind: Cluster\n# admin's change\n")
+    good = repo.commit("admin edits cluster.yaml", "root")
+    repo.tree()
+    git(repo.path, "reset", "-q", "--hard", "HEAD~2")
+    repo.write("users/carol/models/b.yaml", "b2")
+    repo.commit("carol amends b, dropping the admin's commit", "carol")
+    tree = repo.tree()
+    assert tree.applied == good
+    assert any("cluster.yaml changes" in n for n in tree.notes)
