@@ -14,13 +14,14 @@ from reconciler.observe.jobs import TAIL_BYTES, job_log_tail
 
 SID = "argus--ann--train--0123abcd"
 KEY = b"daemon-ownership-key-for-tests!!"
-META = {
+LABELS = {
     "managed-by": "argus",
     "argus-user": "ann",
     "argus-task": "train",
     "argus-spec-hash": "abc",
-    "argus-proof": ownership_proof(KEY, sid=SID, user="ann", task="train", spec_hash="abc"),
 }
+# The jobs below hold only labels (no entrypoint or runtime env): the proof covers exactly that.
+META = {**LABELS, "argus-proof": ownership_proof(KEY, SID, {"metadata": LABELS})}
 DOC = {"submission_id": SID, "runs": [{"submission_id": SID}]}
 
 
