@@ -2,7 +2,7 @@
 
 from reconciler import gitenv
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # Before any git command: every one of them inherits this process's environment (reconciler/gitenv.py).
 gitenv.apply()
