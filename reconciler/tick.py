@@ -39,7 +39,7 @@ from reconciler.observe.probe import ModelProber
 from reconciler.observe.runs import preemptions, recorded_runs
 from reconciler.observe.serve import ServeObservation, observe_serve
 from reconciler.plan.actions import ActionType, Plan
-from reconciler.plan.actual import PREEMPTED, ActualJob, ActualState, Capacity
+from reconciler.plan.actual import FINAL_JOB_STATES, PREEMPTED, ActualJob, ActualState, Capacity
 from reconciler.plan.assess import ObjectStatus, assess
 from reconciler.plan.planner import plan as make_plan
 from reconciler.source.localfs import LocalFS
@@ -310,12 +310,16 @@ class Reconciler:
         records = recorded_runs(docs, paths, skip=known, memo=self._checkpoints)
         recorded_sids, recorded_by = preemptions(docs)
         # What this daemon preempted and the status branch does not hold yet (a report may be
-        # superseded before it is written): kept here until the branch records it.
-        self._preempted_runs -= recorded_sids
+        # superseded before it is written): kept here until the branch records it and Ray has
+        # stopped it (until then each status write must keep saying PREEMPTED).
+        stopped = {j.submission_id for j in jobs.owned if j.status in FINAL_JOB_STATES}
+        self._preempted_runs -= recorded_sids & stopped
         self._preempted = {k: v for k, v in self._preempted.items() if recorded_by.get(k) != v}
         preempted_runs = recorded_sids | self._preempted_runs
         preempted_by = {**recorded_by, **self._preempted}
-        # Ray reports a preempted attempt as STOPPED; the status branch knows argus stopped it to resume it.
+        # Ray reports a preempted attempt as STOPPED; the status branch knows argus stopped it to
+        # resume it. Until the stop lands Ray still says RUNNING, and the run counts as running
+        # (its resources are held; no second attempt starts beside it).
         owned = [
             replace(j, status=PREEMPTED) if j.status == "STOPPED" and j.submission_id in preempted_runs else j
             for j in jobs.owned
