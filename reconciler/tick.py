@@ -314,7 +314,10 @@ class Reconciler:
         # stopped it (until then each status write must keep saying PREEMPTED).
         stopped = {j.submission_id for j in jobs.owned if j.status in FINAL_JOB_STATES}
         self._preempted_runs -= recorded_sids & stopped
-        self._preempted = {k: v for k, v in self._preempted.items() if recorded_by.get(k) != v}
+        # The preemptor is kept as long as the attempt it stopped is: a status write made while Ray
+        # still reports that attempt RUNNING carries no preemptor, and the next one must have it again.
+        pending = {_task_of_run(s) for s in self._preempted_runs}
+        self._preempted = {k: v for k, v in self._preempted.items() if recorded_by.get(k) != v or k in pending}
         preempted_runs = recorded_sids | self._preempted_runs
         preempted_by = {**recorded_by, **self._preempted}
         # Ray reports a preempted attempt as STOPPED; the status branch knows argus stopped it to
@@ -331,6 +334,7 @@ class Reconciler:
             recorded_runs=records,
             foreign_ids=frozenset(j.submission_id for j in jobs.foreign),
             preempted=preempted_by,
+            stopping=frozenset(j.submission_id for j in owned if j.active and j.submission_id in preempted_runs),
         )
         return actual, serve
 

@@ -118,6 +118,9 @@ class ActualState:
     # Objects argus preempted and which object it preempted them for (from the status branch):
     # a preempted object is never readmitted ahead of its preemptor, nor preempts it back.
     preempted: dict[ObjectKey, ObjectKey] = field(default_factory=dict)
+    # Attempts argus stopped for preemption that Ray still reports active: they hold their
+    # resources until the stop lands, but their status (and their run record) is PREEMPTED.
+    stopping: frozenset[str] = frozenset()
 
     def jobs_of(self, key: ObjectKey) -> list[ActualJob]:
         return [j for j in self.jobs if j.key == key]

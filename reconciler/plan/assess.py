@@ -11,10 +11,10 @@ runs), ``sync`` is whether what runs matches git (Synced, OutOfSync, Invalid, Su
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from reconciler.plan.actions import Action, ActionType, Plan
-from reconciler.plan.actual import ActualJob, ActualState
+from reconciler.plan.actual import PREEMPTED, ActualJob, ActualState
 from reconciler.spec.hashing import task_spec_hash
 from reconciler.spec.types import DesiredState, ObjectKey
 
@@ -131,7 +131,7 @@ def assess(
         if key.kind == "model":
             out[key] = _model(key, desired, actual, actions, done)
         else:
-            out[key] = _task(key, desired, jobs.get(key, []), actions, done)
+            out[key] = _task(key, desired, jobs.get(key, []), actions, done, actual.stopping)
         out[key].first_seen = plan.first_seen.get(key)
         preemptor = next((a.preempted_by for a in actions if a.preempted_by is not None and done), None)
         if preemptor is None and _waiting(out[key]):
@@ -204,9 +204,19 @@ def _model(
 
 
 def _task(
-    key: ObjectKey, desired: DesiredState, runs: list[ActualJob], actions: list[Action], done: bool
+    key: ObjectKey,
+    desired: DesiredState,
+    runs: list[ActualJob],
+    actions: list[Action],
+    done: bool,
+    stopping: frozenset[str] = frozenset(),
 ) -> ObjectStatus:
-    jobs = sorted(runs, key=lambda j: (j.start_time or 0, j.submission_id))
+    # An attempt being stopped for preemption is PREEMPTED from the tick that stopped it, so its
+    # record on the status branch never goes back to RUNNING while Ray's stop lands.
+    jobs = sorted(
+        (replace(j, status=PREEMPTED) if j.submission_id in stopping and j.active else j for j in runs),
+        key=lambda j: (j.start_time or 0, j.submission_id),
+    )
     spec = desired.tasks.get(key)
     status = ObjectStatus(key, "STOPPED", _sync(key, desired, actions), runs=jobs)
     kinds = {a.type for a in actions}
