@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -42,12 +43,14 @@ exit codes:
   validate  0 valid, 1 errors (an object that can never run counts, unless it says may_wait: true)
   plan      0 no changes, 2 changes pending or deletions held, 1 errors
   render    0 rendered, 1 the object has errors or does not exist
+  doctor    0 every check passed, 1 any check failed
 
 examples:
   argus validate .                       check a config repository (all errors, as path:line)
   argus validate . --offline             skip checks that need the cluster's file system
   argus plan . --actual actual.json --format markdown   preview a pull request
   argus render alice/tasks/gsm8k .       what the task will run (verl argv, env, resources)
+  docker compose exec head argus doctor  check an installation, one line per part
 """
 
 
@@ -547,6 +550,34 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from reconciler.doctor import Settings, run_checks
+
+    settings = Settings(
+        ray=args.ray,
+        repo=args.repo,
+        branch=args.branch,
+        status_branch=args.status_branch,
+        listen=args.listen,
+        serve_url=args.serve_url,
+        cache_dir=args.cache_dir,
+        require_signed=bool(args.require_signed_commits),
+        allowed_signers=args.allowed_signers,
+        admins=tuple(a.strip() for a in (args.admins or "").split(",") if a.strip()),
+        keys_dir=args.keys_dir,
+        timeout=args.timeout,
+    )
+    results = run_checks(settings)
+    if args.format == "json":
+        print(json.dumps([dataclasses.asdict(r) for r in results], indent=2))
+    else:
+        for result in results:
+            print(redact(result.line()))
+        failed = sum(not r.ok for r in results)
+        print(f"{len(results) - failed} ok, {failed} FAIL")
+    return 1 if any(not r.ok for r in results) else 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from reconciler import demo
 
@@ -758,6 +789,37 @@ def build_parser() -> argparse.ArgumentParser:
         "placeholder pinned to the commit this argus runs from)",
     )
     it.set_defaults(func=cmd_init)
+
+    dr = sub.add_parser(
+        "doctor",
+        help="check an installation: one line per part, ok or FAIL with what to do",
+        description="Check, where the daemon runs (compose: `docker compose exec head argus doctor`), with the "
+        "daemon's own settings: the Ray dashboard and its token, the Jobs API, Serve and the router, the OpenAI "
+        "endpoint, the config repository and its branch, the status branch, the daemon's /healthz, the state "
+        "folder, the ownership key, signing, GPUs and driver slots per node, and the users' homes. Every probe "
+        "has a time limit. Exit 1 when any check fails.",
+    )
+    dr.add_argument("--repo", default=_env("REPO"), help="config repository [ARGUS_REPO]")
+    dr.add_argument("--branch", default=_env("BRANCH", "main"), help="deployed branch [ARGUS_BRANCH]")
+    dr.add_argument("--ray", default=_env("RAY", "http://127.0.0.1:8265"), help="Ray dashboard [ARGUS_RAY]")
+    dr.add_argument("--status-branch", default=_env("STATUS_BRANCH", "argus/status"), help="[ARGUS_STATUS_BRANCH]")
+    dr.add_argument("--listen", default=_env("LISTEN", "127.0.0.1:8080"), help="the daemon's address [ARGUS_LISTEN]")
+    dr.add_argument("--serve-url", default=_env("SERVE_URL", "auto"), help="Serve's proxy [ARGUS_SERVE_URL]")
+    dr.add_argument("--cache-dir", default=_env("CACHE_DIR", os.path.expanduser("~/.cache/argus")))
+    dr.add_argument(
+        "--require-signed-commits",
+        action="store_true",
+        default=(_env("REQUIRE_SIGNED_COMMITS") or "").lower() in {"1", "true", "yes"},
+        help="[ARGUS_REQUIRE_SIGNED_COMMITS]",
+    )
+    dr.add_argument(
+        "--allowed-signers", default=_env("ALLOWED_SIGNERS"), metavar="FILE", help="[ARGUS_ALLOWED_SIGNERS]"
+    )
+    dr.add_argument("--admins", default=_env("ADMINS", ""), metavar="NAME,...", help="[ARGUS_ADMINS]")
+    dr.add_argument("--keys-dir", default=_env("KEYS_DIR"), help="the users' <user>.pub files [ARGUS_KEYS_DIR]")
+    dr.add_argument("--timeout", type=float, default=10.0, help="seconds each check may take (default: 10)")
+    dr.add_argument("--format", choices=["text", "json"], default="text")
+    dr.set_defaults(func=cmd_doctor)
 
     dm = sub.add_parser(
         "demo",
