@@ -65,6 +65,9 @@ LABEL_SPEC = "argus-spec"
 
 ENV_RUN_DIR = "ARGUS_RUN_DIR"
 ENV_CHECKPOINT_DIR = "ARGUS_CHECKPOINT_DIR"
+# Every job's $HOME is its user's folder <paths.users>/<user>, set after cluster.yaml's and the task's env:
+# nobody's job can point it into another user's folder (the loader refuses env.HOME in a task file).
+ENV_HOME = "HOME"
 # A preempted run resumes in a new attempt: ARGUS_RESUME=1 and the previous attempt's run folder.
 ENV_RESUME = "ARGUS_RESUME"
 ENV_RESUME_DIR = "ARGUS_RESUME_DIR"
@@ -256,12 +259,13 @@ def job_env(
     secrets_env: Mapping[str, str],
     resume_folder: str | None = None,
 ) -> dict[str, str]:
-    """Return the job's env: cluster env < task env < run folders < secrets that are set (later wins).
-    ``resume_folder``: the preempted attempt's run folder this attempt resumes from."""
+    """Return the job's env: cluster env < task env < HOME (the user's folder) and run folders < secrets
+    that are set (later wins). ``resume_folder``: the preempted attempt's run folder this attempt resumes from."""
     resume = {ENV_RESUME: "1", ENV_RESUME_DIR: resume_folder} if resume_folder else {}
     return {
         **{k: str(v) for k, v in cluster.env.items()},
         **{k: str(v) for k, v in task.env.items()},
+        ENV_HOME: posixpath.join(cluster.paths.users, task.key.user),
         ENV_RUN_DIR: run_folder,
         ENV_CHECKPOINT_DIR: checkpoint_dir(run_folder),
         **resume,

@@ -8,6 +8,7 @@ one changed file re-parses only that file.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -669,6 +670,11 @@ def _task(
     train = checked(("data", "train"), data_files.get("train"))
     val = checked(("data", "val"), data_files.get("val"))
     working_dir = checked(("working_dir",), data.get("working_dir"))
+    if "HOME" in data.get("env", {}):
+        home = posixpath.join(cluster.paths.users, key.user)
+        issues.append(
+            _at(doc, ("env", "HOME"), f"argus sets HOME to your own folder ({home}) for every job; remove it")
+        )
     if workload == "command" and data.get("nodes", 1) != 1:
         issues.append(
             Issue(doc.path, doc.line(("nodes",)), "nodes: workload: command runs on a single node (nodes: 1)")

@@ -148,6 +148,7 @@ def test_verl_submission_body() -> None:
         "env_vars": {
             "HF_HUB_OFFLINE": "0",  # task env wins over cluster env
             "FOO": "task",
+            "HOME": "/shared/users/alice",
             "ARGUS_RUN_DIR": folder,
             "ARGUS_CHECKPOINT_DIR": f"{folder}/checkpoints",
             "WANDB_API_KEY": "k",
@@ -186,6 +187,7 @@ def test_command_submission_body() -> None:
     assert body["entrypoint_resources"] == {"worker_node": 1.0}
     assert body["runtime_env"]["working_dir"] == "local:///shared/users/alice/code"
     assert body["runtime_env"]["env_vars"]["ARGUS_CHECKPOINT_DIR"] == f"{folder}/checkpoints"
+    assert body["runtime_env"]["env_vars"]["HOME"] == "/shared/users/alice"
     assert body["metadata"]["argus-revision"] == ""
     assert check_overrides(task, CLUSTER) == []
 
@@ -259,3 +261,12 @@ def test_an_empty_secret_is_unset_not_an_empty_key(empty: str) -> None:
     assert "trainer.logger=[console]" in argv and not any("wandb" in a for a in argv)
     env = body["runtime_env"]["env_vars"]
     assert "WANDB_API_KEY" not in env and env["HF_TOKEN"] == "t"
+
+
+def test_home_is_the_users_folder_whatever_the_env_says() -> None:
+    # A task (or cluster.yaml) pointing HOME into bob's folder must not give alice's job bob's home.
+    cluster = ClusterSpec(paths=CLUSTER.paths, training=CLUSTER.training, env={"HOME": "/shared/users/bob"})
+    for workload in ("command", "grpo"):
+        task = make_task(workload, "ft", command="true" if workload == "command" else None, env={"HOME": "/tmp"})
+        body = job_submission(task, cluster, revision=None, secrets_env={})
+        assert body["runtime_env"]["env_vars"]["HOME"] == "/shared/users/alice", workload
