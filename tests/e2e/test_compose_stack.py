@@ -60,10 +60,11 @@ def model_yaml() -> str:
 
 
 def task_yaml(data: str) -> str:
-    # Reads what alice uploaded through the file service and writes a checkpoint into her home.
+    # Reads what alice uploaded through the file service from $HOME (argus sets it to her folder) and writes a
+    # checkpoint there.
     command = (
-        f"set -e; echo ran-on=$(hostname); cat {data}; mkdir -p $ARGUS_CHECKPOINT_DIR; "
-        f"wc -c < {data} > $ARGUS_CHECKPOINT_DIR/size.txt; echo checkpoint-written"
+        f"set -e; echo ran-on=$(hostname); echo home=$HOME; cat $HOME/{data}; mkdir -p $ARGUS_CHECKPOINT_DIR; "
+        f"wc -c < $HOME/{data} > $ARGUS_CHECKPOINT_DIR/size.txt; echo checkpoint-written"
     )
     return yaml.safe_dump({"kind": "Task", "workload": "command", "command": command, "gpus_per_node": 1})
 
@@ -232,7 +233,7 @@ def test_users_push_and_upload(env: Env) -> None:
     )
     env.alice.clone()
     env.alice.commit(
-        {MODEL_A: model_yaml(), TASK: task_yaml("/private/users/alice/data.txt")}, "alice: a model and a task"
+        {MODEL_A: model_yaml(), TASK: task_yaml("data.txt")}, "alice: a model and a task"
     )
     started = time.monotonic()
     pushed = env.alice.push()
@@ -260,6 +261,7 @@ def test_task_runs_on_a_worker_and_reads_the_upload(env: Env) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "hello from alice's upload" in out.stdout and "checkpoint-written" in out.stdout
+    assert "home=/private/users/alice" in out.stdout, out.stdout
     ran_on = next(line.split("=", 1)[1] for line in out.stdout.splitlines() if line.startswith("ran-on="))
     assert ran_on in ("worker-1", "worker-2"), f"the driver ran on {ran_on}, not on a worker"
     checkpoints = list((env.tmp / "private" / "users" / "alice" / "jobs" / "read-data").rglob("size.txt"))
@@ -303,6 +305,16 @@ def replica_pids(env: Env, user: str) -> set[str]:
             if f"ServeReplica:argus--{user}--chat" in line:
                 pids.add(f"{worker}:{line.split()[0]}")
     return pids
+
+
+def test_doctor_in_the_head_says_everything_works(env: Env) -> None:
+    # What docs/compose.md tells the admin to run after `up` (and the first push): every line ok, exit 0.
+    proc = env.stack.compose("exec", "-T", "head", "argus", "doctor", check=False, timeout=120)
+    print(proc.stdout, file=sys.stderr)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(("ok", "FAIL"))]
+    assert len(lines) == 12 and all(line.startswith("ok") for line in lines), proc.stdout
+    assert "0 FAIL" in proc.stdout
 
 
 def test_status_branch_and_page_show_both(env: Env) -> None:
