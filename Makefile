@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.argus-installed
 
-.PHONY: demo test lint unit e2e venv clean sysdeps
+.PHONY: demo test lint unit e2e venv clean sysdeps bench-compose
 
 venv: $(STAMP)
 
@@ -50,6 +50,11 @@ test: lint sysdeps
 
 demo: venv
 	$(BIN)/argus demo
+
+# The compose stack's figures (docs/compose.md): its own stack on the test's private dockerd and layer cache,
+# then the compose test itself timed. Heavy (root, ~25 min warm): niced, once per release.
+bench-compose: venv sysdeps
+	nice -n 10 $(BIN)/python bench/compose_stack.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

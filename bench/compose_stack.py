@@ -1,18 +1,24 @@
 """Figures of the compose stack (CPU profile) on this machine: build and up times, image sizes, the time from
-``up`` to the first model RUNNING, and push -> RUNNING through the git container (SSH) vs through the local
-bare repository (a push from inside the head to /srv/git/config.git), same model, same run.
+``up`` to the first model RUNNING, push -> RUNNING through the git container (SSH) vs through the local
+bare repository (a push from inside the head to /srv/git/config.git), same model, same run; then, with the
+bench's stack down, how long tests/e2e/test_compose_stack.py takes (``pytest --durations=0``, CI=true): what
+the compose test adds to ``make test``.
 
-Needs root (a private dockerd, as tests/e2e/test_compose_stack.py). Signing is turned off for this stack so
-that the head's own push needs no user key; everything else is the test's stack.
+Needs root (a private dockerd, as tests/e2e/test_compose_stack.py, reusing its layer cache). Signing is
+turned off for the bench's stack so that the head's own push needs no user key; everything else is the
+test's stack. From a fresh clone: ``make bench-compose`` (the venv, the Debian packages, then this, niced).
 
-Usage: PYTHONPATH=. .venv/bin/python bench/compose_stack.py [--keep]
+Usage: .venv/bin/python bench/compose_stack.py [--keep] [--no-compose-test] [--out FILE.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -50,11 +56,67 @@ def running(work: Path, stack: Stack, path: str) -> bool:
     return doc.get("state") == "RUNNING"
 
 
+def machine() -> dict[str, object]:
+    """The machine and its load now: figures from a shared machine say under what load they were taken."""
+    with open("/proc/meminfo") as fh:
+        mem_kb = int(fh.readline().split()[1])
+    with open("/proc/cpuinfo") as fh:
+        cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), "?")
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "cpus": os.cpu_count(),
+        "cpu": cpu,
+        "memory_gb": round(mem_kb / 1024 / 1024, 1),
+        "kernel": platform.release(),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)s (setup|call|teardown)\s+(\S+)")
+
+
+def compose_test() -> dict[str, object]:
+    """Run tests/e2e/test_compose_stack.py as ``make test`` does (CI=true); returns its wall time, its
+    outcome and the durations pytest reports (the module's stack start is the first test's setup)."""
+    timings = Path(tempfile.mkstemp(prefix="argus-compose-timings-", suffix=".json")[1])
+    env = {**os.environ, "CI": "true", "PYTHONPATH": str(ROOT), "ARGUS_COMPOSE_TIMINGS": str(timings)}
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--durations=0",
+        f"--basetemp={tempfile.mkdtemp(prefix='argus-bench-pytest-')}",
+        "tests/e2e/test_compose_stack.py",
+    ]
+    started = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=5400, check=False)
+    wall = time.monotonic() - started
+    durations = [(float(m[1]), m[2], m[3]) for m in map(DURATION.match, proc.stdout.splitlines()) if m]
+    out: dict[str, object] = {
+        "wall_s": round(wall, 1),
+        "passed": proc.returncode == 0,
+        "summary": proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-500:],
+        "durations_sum_s": round(sum(d for d, _, _ in durations), 1),
+        "slowest": [f"{d:.1f}s {when} {name.split('::')[-1]}" for d, when, name in durations[:8]],
+    }
+    with contextlib.suppress(ValueError):
+        out["test_timings"] = json.loads(timings.read_text() or "{}")
+    timings.unlink(missing_ok=True)
+    if proc.returncode:
+        out["output_tail"] = proc.stdout[-3000:]
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", action="store_true", help="leave the stack and the daemon running")
+    parser.add_argument("--no-compose-test", action="store_true", help="skip timing the compose test")
+    parser.add_argument("--out", help="also write the figures to this JSON file")
     args = parser.parse_args()
-    figures: dict[str, object] = {}
+    figures: dict[str, object] = {"machine": machine()}
     started = time.monotonic()
     daemon = prepare()
     tmp = Path(tempfile.mkdtemp(prefix="argus-bench-compose-", dir="/var/tmp"))
@@ -106,8 +168,15 @@ def main() -> int:
             stack.down()
             docker.stop_daemon(daemon)
             shutil.rmtree(tmp, ignore_errors=True)
-    print(json.dumps(figures, indent=2))
-    return 0
+    if not args.keep and not args.no_compose_test:
+        figures["compose_test"] = compose_test()
+    figures["machine_after"] = machine()
+    text = json.dumps(figures, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    test = figures.get("compose_test")
+    return 1 if isinstance(test, dict) and not test.get("passed") else 0
 
 
 if __name__ == "__main__":
