@@ -232,9 +232,7 @@ def test_users_push_and_upload(env: Env) -> None:
         timeout=60,
     )
     env.alice.clone()
-    env.alice.commit(
-        {MODEL_A: model_yaml(), TASK: task_yaml("data.txt")}, "alice: a model and a task"
-    )
+    env.alice.commit({MODEL_A: model_yaml(), TASK: task_yaml("data.txt")}, "alice: a model and a task")
     started = time.monotonic()
     pushed = env.alice.push()
     assert pushed.returncode == 0, pushed.stderr
