@@ -127,8 +127,15 @@ def start_daemon(root: Path = CACHE, timeout: float = 60) -> Daemon:
 
 
 def stop_daemon(daemon: Daemon, timeout: float = 60) -> None:
-    """Stop the daemon by its pid if this process started it (SIGTERM, then SIGKILL after ``timeout``)."""
+    """Stop the daemon by its pid if this process started it (SIGTERM, then SIGKILL after ``timeout``), unless
+    containers still run on it: another run on this machine (a second checkout's ``make test``) found it
+    running and uses it (:func:`start_daemon` reuses a live daemon); stopping it would kill that run's stack.
+    Then it is left running, for the next run to reuse."""
     if not daemon.started or not _alive(daemon.pid):
+        return
+    running = daemon.docker("ps", "-q", check=False, timeout=30)
+    if running.returncode == 0 and running.stdout.strip():
+        print(f"dockerd {daemon.pid} left running: other runs' containers use it", file=sys.stderr)
         return
     os.kill(daemon.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
