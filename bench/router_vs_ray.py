@@ -26,7 +26,9 @@ every level, with both clients. Any failed request is reported. The load average
 is printed at the start and the end (other work on a shared machine moves the figures).
 
 Usage (from a fresh clone, with the dev environment): ``.venv/bin/python bench/router_vs_ray.py``
-(``--rounds 2 --seconds 10 --idle-seconds 60`` are the defaults).
+(``--rounds 2 --seconds 10 --idle-seconds 60`` are the defaults). ``--profile DIR`` instead runs
+the router under cProfile (``bench/router_profile.py``) with 32 openai clients for 3x``--seconds``
+and prints where its event loop spends its time (a separate run: the profiler slows the router).
 """
 
 from __future__ import annotations
@@ -81,7 +83,10 @@ def cpu_seconds(pids: list[int]) -> dict[int, float]:
 
     out = {}
     for pid in pids:
-        t = psutil.Process(pid).cpu_times()
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:  # scaled down meanwhile: its last seconds are not counted
+            continue
         out[pid] = t.user + t.system
     return out
 
@@ -91,7 +96,7 @@ def measured(pids: dict[str, list[int]], work: Callable[[], Any]) -> tuple[Any, 
     before = {p: cpu_seconds(v) for p, v in pids.items()}
     result = work()
     after = {p: cpu_seconds(v) for p, v in pids.items()}
-    return result, {p: {pid: after[p][pid] - before[p][pid] for pid in v} for p, v in pids.items()}
+    return result, {p: {pid: after[p].get(pid, s) - s for pid, s in before[p].items()} for p in pids}
 
 
 def openai_clients(base_url: str, model: str, clients: int, seconds: float, max_tokens: int) -> dict[str, Any]:
@@ -216,6 +221,25 @@ def table(title: str, results: dict[tuple[str, int], list[dict[str, Any]]]) -> s
     return "\n".join(rows)
 
 
+def profile(folder: Path, url: str, model: str, seconds: float, max_tokens: int) -> int:
+    """32 openai clients on the profiled router; print its busiest functions."""
+    import pstats
+
+    for old in folder.glob("router-*.prof"):
+        old.unlink()
+    res = openai_clients(url, model, 32, seconds, max_tokens)
+    log(f"profiled: {res['done'] / res['elapsed']:.1f} req/s, {res['failed']} failed")
+    time.sleep(7)  # one more dump after the load
+    files = sorted(folder.glob("router-*.prof"))
+    if not files:
+        raise SystemExit(f"no profile written into {folder}")
+    stats = pstats.Stats(*map(str, files))
+    print(f"\n### Router event loop under 32 openai clients ({res['done']} requests, {len(files)} replicas)\n")
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(25)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2)
@@ -223,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-seconds", type=float, default=60.0)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--skip-vllm-client", action="store_true")
+    parser.add_argument("--profile", metavar="DIR", help="profile the router instead of comparing")
     args = parser.parse_args(argv)
 
     from reconciler.testing.ray_head import start_head
@@ -257,7 +282,11 @@ def main(argv: list[str] | None = None) -> int:
             "import_path": "ray.serve.llm:build_openai_app",
             "args": {"llm_configs": [llm_config(spec, cluster, str(source))]},
         }
-        dash.put(SERVE_APPS_PATH, serve_config([ours, router_app_config(cluster, [ours]), theirs], cluster))
+        router = router_app_config(cluster, [ours])
+        if args.profile:
+            Path(args.profile).mkdir(parents=True, exist_ok=True)
+            router.update(import_path="bench.router_profile:build_router", args={"dir": str(Path(args.profile))})
+        dash.put(SERVE_APPS_PATH, serve_config([ours, router, theirs], cluster))
         deadline = time.monotonic() + 900
         while True:
             statuses = observe_serve(dash).statuses
@@ -278,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
             openai_clients(url + "/v1", model, 4, 5.0, args.max_tokens)
             log(f"warmed up {name}")
 
+        if args.profile:
+            return profile(Path(args.profile), urls["argus"] + "/v1", model, 3 * args.seconds, args.max_tokens)
         time.sleep(15)  # let the warm-up's autoscaling and metrics settle
         pids = ingress_pids(dash)
         log(f"ingress replicas: {pids}; idle for {args.idle_seconds:.0f} s")
@@ -302,8 +333,11 @@ def main(argv: list[str] | None = None) -> int:
                         f"openai {name} x{level} round {r + 1}: {res['done'] / res['elapsed']:.1f} req/s, "
                         f"{res['failed']} failed {res['failures']}"
                     )
-        if not args.skip_vllm_client:
-            for level in LEVELS:
+        vllm_error = None
+        try:
+            run_vllm = not args.skip_vllm_client
+            levels = LEVELS if run_vllm else ()
+            for level in levels:
                 prompts = {1: 60, 8: 200, 32: 400}[level]
                 for r in range(args.rounds):
                     for name in PATHS if r % 2 == 0 else PATHS[::-1]:
@@ -317,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
                         res["cpu"] = cpu[name]
                         results["vllm"].setdefault((name, level), []).append(res)
                         log(f"vllm {name} x{level} round {r + 1}: {res['rate']:.1f} req/s, {res['failed']} failed")
+        except Exception as exc:  # the openai figures are still printed
+            vllm_error = repr(exc)
+            log(f"vLLM's benchmark client failed: {vllm_error}")
 
         print("\n### Idle CPU of the ingress replicas (% of one core, no request)\n")
         print("| | replicas | % per replica | total | ratio argus / Ray's (target <= 1.5) |")
@@ -327,7 +364,9 @@ def main(argv: list[str] | None = None) -> int:
             shown = f"**{ratio:.2f}x**" if p == "argus" else ""
             print(f"| {p} | {len(idle_pct[p])} | {per} | {totals[p]:.2f} % | {shown} |")
         print(table("The openai client (streaming chat, 8 tokens)", results["openai"]))
-        if results["vllm"]:
+        if vllm_error:
+            print(f"\nvLLM's benchmark client failed: {vllm_error}")
+        elif results["vllm"]:
             print(
                 table(
                     "vLLM's benchmark client (openai-chat, random 32-token prompts, 8 output tokens)", results["vllm"]
