@@ -34,6 +34,7 @@ and prints where its event loop spends its time (a separate run: the profiler sl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -172,10 +173,12 @@ def vllm_client(base_url: str, model: str, tokenizer: str, concurrency: int, pro
             "--disable-tqdm",
             "--ready-check-timeout-sec=0",
             "--seed=0",
+            "--save-detailed",  # keep the per-request figures in the returned dict (no file without --save-result)
         ]
     )
     started = time.monotonic()
-    res = vbench.main(args)
+    with contextlib.redirect_stdout(sys.stderr):  # its report goes to the log, the tables to stdout
+        res = vbench.main(args)
     ttfts = [t for t, e in zip(res["ttfts"], res["errors"], strict=False) if not e]
     return {
         "done": res["completed"],
