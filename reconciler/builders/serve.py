@@ -32,10 +32,11 @@ ROUTER_DEPLOYMENT = "ArgusRouter"  # the deployment name in serve_apps/router.py
 ROUTER_ARGS = {"table": 1}
 LLM_DEPLOYMENT_PREFIX = "LLMServer:"
 # Serve calls each replica's ``check_health`` (vLLM: is the engine process alive) this often and
-# replaces a replica after three failures in a row: a dead engine is replaced in ~10 s, not the
-# ~30 s of Ray Serve LLM's defaults. Set in the ``deployments`` override, so Serve applies a
-# change of it to running replicas in place.
-HEALTH_CHECK = {"health_check_period_s": 3.0, "health_check_timeout_s": 10.0}
+# replaces a replica after three failures in a row: a dead engine fails the check at once, so it
+# is replaced in ~10 s, not the ~30 s of Ray Serve LLM's defaults. The timeout stays long: a live
+# engine starved of CPU (a busy host) answers late, and must not be restarted for it. Set in the
+# ``deployments`` override, so Serve applies a change of it to running replicas in place.
+HEALTH_CHECK = {"health_check_period_s": 3.0, "health_check_timeout_s": 30.0}
 
 
 def app_name(user: str, name: str) -> str:
