@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             "import_path": "ray.serve.llm:build_openai_app",
             "args": {"llm_configs": [llm_config(spec, cluster, str(source))]},
         }
-        dash.put(SERVE_APPS_PATH, serve_config([ours, router_app_config(cluster), theirs], cluster))
+        dash.put(SERVE_APPS_PATH, serve_config([ours, router_app_config(cluster, [ours]), theirs], cluster))
         deadline = time.monotonic() + 900
         while True:
             statuses = observe_serve(dash).statuses

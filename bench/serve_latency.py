@@ -247,7 +247,7 @@ def part_a(b: Bench, runs: int) -> dict[str, list[float]]:
     spec = b.spec("tiny")
     assert spec.source_path
     model_app = model_app_config(spec, cluster, spec.source_path, model_spec_hash(spec, cluster))
-    router = router_app_config(cluster)
+    router = router_app_config(cluster, [model_app])  # what the reconciler PUTs: the table lists the model
     deployed = observe_serve(b.dash).apps[model_app["name"]]
     if normalise_app(deployed) != normalise_app(model_app):
         raise RuntimeError(f"the reconciler deployed {deployed}, the builder gives {model_app}")
@@ -262,7 +262,7 @@ def part_a(b: Bench, runs: int) -> dict[str, list[float]]:
         t = b.direct_deploy([model_app, router], model_app["name"])
         times["direct PUT"].append(t)
         log(f"(a) run {i + 1}: direct PUT {t:.1f} s")
-        b.direct_delete([router], model_app["name"])
+        b.direct_delete([router_app_config(cluster)], model_app["name"])
     return times
 
 

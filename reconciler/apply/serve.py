@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from reconciler.builders.serve import is_owned_app, normalise_app, router_app_config, serve_config
+from reconciler.builders.serve import ROUTER_APP, is_owned_app, normalise_app, router_app_config, serve_config
 from reconciler.dashboard import Dashboard, DashboardError
 from reconciler.errors import ApplyDeferred, ApplyRefused
 from reconciler.observe.serve import SERVE_APPS_PATH, ServeObservation
@@ -43,7 +43,8 @@ def target_apps(
         if name in target and is_owned_app(name):
             raise ValueError(f"application {name!r} is desired twice")
         target[name] = app
-    router = router_app_config(cluster)
+    # The router's table lists exactly the model applications this PUT deploys.
+    router = router_app_config(cluster, [a for n, a in target.items() if n != ROUTER_APP])
     target[router["name"]] = router
     return target
 

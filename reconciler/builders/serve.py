@@ -4,7 +4,9 @@ Naming (everything argus owns starts with ``argus``):
 
 - one application per model, ``argus--<user>--<name>``, with no HTTP route and one
   deployment ``LLMServer:<served_name>`` (Ray Serve LLM's name for it);
-- one router application ``argus-router`` at ``/`` whose config never changes.
+- one router application ``argus-router`` at ``/`` whose code and ``args`` never change; the
+  table of models it routes travels in its deployment's ``user_config``, which Serve hands to
+  the running replicas in place.
 
 Replica counts live only in the application's ``deployments`` override, never in ``args``:
 Serve restarts every replica of an application whose ``args`` change, but scales in place
@@ -14,7 +16,7 @@ when only ``num_replicas`` changes.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from reconciler.spec.hashing import model_env, model_spec_fields
@@ -25,6 +27,9 @@ ROUTER_APP = "argus-router"
 MODEL_IMPORT_PATH = "reconciler.serve_apps.model_app:build_app"
 ROUTER_IMPORT_PATH = "reconciler.serve_apps.router:build_router"
 ROUTER_DEPLOYMENT = "ArgusRouter"  # the deployment name in serve_apps/router.py
+# The router's ``args``: the version of the user_config table format. Bump it with the format,
+# so that Serve restarts replicas whose code reads the old one (user_config reaches them in place).
+ROUTER_ARGS = {"table": 1}
 LLM_DEPLOYMENT_PREFIX = "LLMServer:"
 # Serve calls each replica's ``check_health`` (vLLM: is the engine process alive) this often and
 # replaces a replica after three failures in a row: a dead engine fails the check at once, so it
@@ -134,19 +139,51 @@ def model_app_config(model: ModelSpec, cluster: ClusterSpec, source_path: str, s
     }
 
 
-def router_app_config(cluster: ClusterSpec) -> dict[str, Any]:
-    """The router application entry; its code and ``args`` are the same for every cluster
-    and model set (a change there would restart the router).
+def router_table(model_apps: Iterable[Mapping[str, Any]]) -> list[list[str]]:
+    """The model table the router routes: ``[app name, deployment, model id, alias]`` per argus
+    model application in ``model_apps`` (configs :func:`model_app_config` made, or carried as
+    deployed), sorted by app name. Pure.
 
-    Only the ``deployments`` override follows ``serving.router``: Serve applies an
-    autoscaling change to running replicas in place, like Ray Serve LLM's own ingress.
+    ``alias`` is the file's ``served_name:`` or ``""`` for the default ``<user>-<name>`` (the
+    router derives it from the app name). Entries that are not argus model applications or lack
+    a model id are left out. Size: an entry is at most ~450 bytes of JSON (names the loader bounds;
+    ~120 typically), less than a quarter of the model's own application entry in the same PUT, so
+    the table never binds first:
+    the bound is the dashboard's 100 MiB limit on the PUT body (Serve sets none on user_config;
+    it reaches each replica over Ray's gRPC, 512 MiB).
+    """
+    rows: list[list[str]] = []
+    for app in model_apps:
+        name = app.get("name")
+        if not isinstance(name, str) or parse_app_name(name) is None:
+            continue
+        args = app.get("args")
+        llm = args.get("llm_config") if isinstance(args, Mapping) else None
+        loading = llm.get("model_loading_config") if isinstance(llm, Mapping) else None
+        model_id = loading.get("model_id") if isinstance(loading, Mapping) else None
+        if not isinstance(model_id, str) or not model_id:
+            continue
+        extra = llm.get("experimental_configs") if isinstance(llm, Mapping) else None
+        alias = extra.get("argus_alias") if isinstance(extra, Mapping) else None
+        rows.append([name, llm_deployment_name(model_id), model_id, alias if isinstance(alias, str) else ""])
+    return sorted(rows)
+
+
+def router_app_config(cluster: ClusterSpec, model_apps: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """The router application entry routing ``model_apps`` (see :func:`router_table`).
+
+    Its code and ``args`` are the same for every cluster and model set (a change there would
+    restart the router). The ``deployments`` override follows ``serving.router`` (Serve applies
+    an autoscaling change to running replicas in place, like Ray Serve LLM's own ingress) and
+    carries the model table as ``user_config``, which Serve hands to every running replica's
+    ``reconfigure()`` in place: it changes only when the set of models does.
     """
     router = cluster.serving.router
     return {
         "name": ROUTER_APP,
         "route_prefix": "/",
         "import_path": ROUTER_IMPORT_PATH,
-        "args": {},
+        "args": dict(ROUTER_ARGS),
         "deployments": [
             {
                 "name": ROUTER_DEPLOYMENT,
@@ -155,6 +192,7 @@ def router_app_config(cluster: ClusterSpec) -> dict[str, Any]:
                     "max_replicas": router.max_replicas,
                     "target_ongoing_requests": router.target_ongoing_requests,
                 },
+                "user_config": {"models": router_table(model_apps)},
             }
         ],
     }

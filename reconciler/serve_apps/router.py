@@ -1,24 +1,38 @@
 """The one OpenAI-compatible router application: ``reconciler.serve_apps.router:build_router``.
 
-It subclasses Ray Serve LLM's ``OpenAiIngress`` but starts with no models and discovers
-them from ``serve.status()``: every application whose name starts with ``argus--`` and has
-a running ``LLMServer`` replica is routable under the model id its ``llm_config()`` reports.
-So the router's own config never changes as models come and go (changing it would restart
-it and drop in-flight requests), and adding a model never touches another model's replica.
+It subclasses Ray Serve LLM's ``OpenAiIngress`` but starts with no models. The daemon pushes
+the model table in the router deployment's ``user_config`` (built by
+``reconciler.builders.serve.router_app_config`` from the applications it deploys): one entry
+``[app name, deployment, model id, alias]`` per argus model application (alias ``""``: the
+default one). Serve hands a changed
+``user_config`` to ``reconfigure()`` on every replica in place (no restart, no dropped request),
+so the router learns of a model when the daemon deploys it and forgets it when the daemon deletes
+it, and adding a model never touches another model's replica.
+
+The table says what may be routed; ``serve.status()`` says what can be: an entry is routed once
+its application runs a replica of the named deployment whose ``llm_config()`` reports the named
+model id. Serve's status is read when the table changes, on a request for a name the table holds
+but that is not routable yet (at most every MISS_REFRESH_MIN_S), and by a slow safety refresh
+(``refresh_s``, default SAFETY_REFRESH_S) that drops applications removed behind the daemon's back.
+A name the table does not hold is a 404 at once: unknown names cost no Serve call.
 
 Each model is also routable under its stable alias: the ``served_name:`` of its file (carried
 in ``llm_config.experimental_configs["argus_alias"]``) or else ``<user>-<name>``, derived from
 the application name. The loader keeps aliases unique; should two running applications still
 claim one (an INVALID file keeps its old application), the earlier-deployed one keeps it, and a
 dated model id always wins over an alias. A request by alias reaches vLLM under the dated id
-(vLLM only knows that one), so responses name the dated id.
+(vLLM only knows that one), so responses name the dated id. A model id two applications claim
+is routed to the earlier-deployed one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import status as http_status
@@ -33,10 +47,98 @@ logger = logging.getLogger("ray.serve")
 OWNED_PREFIX = "argus--"
 ROUTER_APP = "argus-router"
 LLM_DEPLOYMENT_PREFIX = "LLMServer:"
-REFRESH_INTERVAL_S = 2.0  # background refresh period
-MISS_REFRESH_MIN_S = 0.5  # an unknown model triggers a refresh at most this often
+SAFETY_REFRESH_S = 30.0  # re-read Serve's status this often even when no table arrives
+REFRESH_BOUNDS_S = (1.0, 86400.0)  # the range a user_config ``refresh_s`` is clamped to
+MISS_REFRESH_MIN_S = 0.5  # a request for a tabled but unroutable name refreshes at most this often
 LLM_CONFIG_TIMEOUT_S = 10.0  # bound on asking a new model's replica for its LLMConfig
+MAX_TABLE_ENTRIES = 100_000  # entries past this are ignored (and logged)
+MAX_FIELD_CHARS = 512  # an entry with a longer field is ignored
 ALIAS_KEY = "argus_alias"  # in LLMConfig.experimental_configs (reconciler/builders/serve.py)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One argus model application the daemon deployed (a ``user_config`` table row)."""
+
+    app: str
+    deployment: str
+    model_id: str
+    alias: str | None  # None: no alias is routed (the file's lies outside its user's namespace)
+
+
+@dataclass(frozen=True)
+class Route:
+    """A tabled application seen running: what a request for its names is sent to."""
+
+    entry: Entry
+    deployed_at: float
+    handle: DeploymentHandle
+    card: Any  # ModelCard of the dated id
+    alias_card: Any  # ModelCard of the alias, or None
+
+
+def parse_table(config: Any) -> tuple[dict[str, Entry], float, list[str]]:
+    """Return ``(entries by app name, refresh period, problems)`` of a router ``user_config``.
+
+    Pure. Malformed rows are skipped and described in ``problems``; so is everything past
+    MAX_TABLE_ENTRIES. A config that is not a mapping yields an empty table. Never raises.
+    """
+    problems: list[str] = []
+    if not isinstance(config, dict):
+        return {}, SAFETY_REFRESH_S, ["user_config is not a mapping: no models routed"] if config is not None else []
+    refresh = config.get("refresh_s", SAFETY_REFRESH_S)
+    if isinstance(refresh, bool) or not isinstance(refresh, (int, float)) or refresh != refresh:
+        problems.append(f"refresh_s {refresh!r} is not a number: {SAFETY_REFRESH_S} s")
+        refresh = SAFETY_REFRESH_S
+    refresh = min(max(float(refresh), REFRESH_BOUNDS_S[0]), REFRESH_BOUNDS_S[1])
+    rows = config.get("models", [])
+    if not isinstance(rows, list):
+        return {}, refresh, [*problems, "models is not a list: no models routed"]
+    if len(rows) > MAX_TABLE_ENTRIES:
+        problems.append(f"{len(rows)} models: only the first {MAX_TABLE_ENTRIES} are routed")
+        rows = rows[:MAX_TABLE_ENTRIES]
+    entries: dict[str, Entry] = {}
+    for i, row in enumerate(rows):
+        if (
+            not isinstance(row, list)
+            or len(row) != 4
+            or not all(isinstance(f, str) and len(f) <= MAX_FIELD_CHARS for f in row)
+            or not all(row[:3])
+        ):
+            problems.append(f"models[{i}] is not four short strings: skipped")
+            continue
+        app, deployment, model_id, alias = row
+        if not app.startswith(OWNED_PREFIX) or app in entries:
+            problems.append(f"models[{i}]: {app!r} is not an argus application or listed twice: skipped")
+            continue
+        entries[app] = Entry(app, deployment, model_id, _alias(app, alias))
+    return entries, refresh, problems
+
+
+def claim_names(routes: Iterable[Route]) -> tuple[dict[str, Route], dict[str, Route], set[str]]:
+    """Return ``(model id -> route, alias -> route, refused app names)``. Pure.
+
+    Earliest-deployed first (ties by app name): a model id or alias two routes claim belongs
+    to the earlier one; a dated id always wins over an alias.
+    """
+    ordered = sorted(routes, key=lambda r: (r.deployed_at, r.entry.app))
+    ids: dict[str, Route] = {}
+    refused: set[str] = set()
+    for route in ordered:
+        if route.entry.model_id in ids:
+            refused.add(route.entry.app)
+        else:
+            ids[route.entry.model_id] = route
+    aliases: dict[str, Route] = {}
+    for route in ordered:
+        alias = route.entry.alias
+        if alias is None or route.entry.app in refused:
+            continue
+        if alias in ids or alias in aliases:
+            refused.add(route.entry.app)
+            continue
+        aliases[alias] = route
+    return ids, aliases, refused
 
 
 class ModelNotFound(OpenAIHTTPException):
@@ -44,18 +146,41 @@ class ModelNotFound(OpenAIHTTPException):
 
 
 class ArgusIngress(OpenAiIngress):
-    """``OpenAiIngress`` whose model handles and cards follow the argus-owned Serve apps."""
+    """``OpenAiIngress`` whose model handles and cards follow the table the daemon pushes."""
 
     def __init__(self) -> None:
         super().__init__(llm_deployments={}, model_cards={})
-        # app name -> (model id, deployment name, deployed at, alias card); cached until redeployed.
-        self._apps: dict[str, tuple[str, str, float, Any]] = {}
+        self._table: dict[str, Entry] = {}  # app name -> entry (the last user_config)
+        self._tabled_names: set[str] = set()  # every model id and alias the table holds
+        self._routes: dict[str, Route] = {}  # app name -> route, for tabled apps seen running
         self._aliases: dict[str, str] = {}  # alias -> model id
         self._alias_cards: dict[str, Any] = {}  # alias -> ModelCard
-        self._refused: set[str] = set()  # apps whose alias another app holds
+        self._refused: set[str] = set()  # apps whose model id or alias another app holds
+        self._refresh_s = SAFETY_REFRESH_S
         self._lock = asyncio.Lock()
         self._last_refresh = 0.0
+        self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._ensure_refresh_task()
+
+    async def reconfigure(self, user_config: Any) -> None:
+        """Take a new table: drop what it no longer holds at once, find the rest in the background.
+
+        Serve calls this on every replica in place when the router's ``user_config`` changes.
+        Runs on the replica's event loop without awaiting anything: no request sees half a table,
+        and the update never waits on the Serve controller.
+        """
+        table, refresh, problems = parse_table(user_config)
+        for problem in problems[:10]:  # bounded: a huge bad table logs ten lines, not one per row
+            logger.warning("argus router: %s", problem)
+        self._table, self._refresh_s = table, refresh
+        self._tabled_names = {e.model_id for e in table.values()} | {e.alias for e in table.values() if e.alias}
+        for app in [a for a, r in self._routes.items() if table.get(a) != r.entry]:
+            self._routes.pop(app)
+            logger.info("argus router: dropped application %s (no longer in the table)", app)
+        self._claim()
+        self._last_refresh = 0.0  # the next refresh (now, and on a miss) reads Serve afresh
+        self._wake.set()
         self._ensure_refresh_task()
 
     def _ensure_refresh_task(self) -> None:
@@ -65,7 +190,7 @@ class ArgusIngress(OpenAiIngress):
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            return  # constructed outside the loop: check_health() starts it
+            return  # constructed outside the loop: check_health() or reconfigure() starts it
         self._task = loop.create_task(self._refresh_loop())
 
     async def check_health(self) -> None:
@@ -73,91 +198,106 @@ class ArgusIngress(OpenAiIngress):
 
     async def _refresh_loop(self) -> None:
         while True:
+            self._wake.clear()  # before reading: a table that arrives meanwhile wakes the next round
             try:
-                await self._refresh()
+                await self._refresh_if_older(0.0)
             except Exception:  # keep serving the last known models; log and retry
                 logger.exception("argus router: refreshing models failed")
-            await asyncio.sleep(REFRESH_INTERVAL_S)
+            with contextlib.suppress(TimeoutError):  # a new table wakes it early; else the safety refresh
+                await asyncio.wait_for(self._wake.wait(), timeout=self._refresh_s)
+
+    async def _refresh_if_older(self, age_s: float) -> None:
+        """Refresh unless another one finished less than ``age_s`` ago (checked under the lock,
+        so a burst of misses costs one Serve read, not one each)."""
+        if time.monotonic() - self._last_refresh <= age_s:
+            return
+        async with self._lock:
+            if time.monotonic() - self._last_refresh <= age_s:
+                return
+            await self._refresh()
 
     async def _refresh(self) -> None:
-        """Re-read Serve's status and update ``_default_serve_handles``/``_model_cards``."""
-        async with self._lock:
-            # serve.status() blocks on the controller: keep it off the event loop.
-            serve_status = await asyncio.to_thread(serve.status)
-            seen: set[str] = set()
-            for app_name, app in serve_status.applications.items():
-                if not app_name.startswith(OWNED_PREFIX):
-                    continue
-                deployment = _llm_deployment(app.deployments)
-                if deployment is None:
-                    continue
-                states: dict[Any, int] = dict(app.deployments[deployment].replica_states)
-                running = states.get("RUNNING", 0)  # keys are ReplicaState, a str enum
-                if not running:
-                    continue  # not routable yet (or any more); drop it below
-                seen.add(app_name)
-                cached = self._apps.get(app_name)
-                if cached and cached[1] == deployment and cached[2] == app.last_deployed_time_s:
-                    continue
-                await self._add_model(app_name, deployment, app.last_deployed_time_s)
-            for app_name in set(self._apps) - seen:
-                self._remove(app_name)
-            self._claim_aliases()
-            self._last_refresh = time.monotonic()
+        """Route every tabled application Serve runs; drop the rest. Holds ``_lock``."""
+        # serve.status() blocks on the controller: keep it off the event loop.
+        serve_status = await asyncio.to_thread(serve.status)
+        table = self._table  # reconfigure() may swap it while we await below
+        seen: set[str] = set()
+        for app_name, app in serve_status.applications.items():
+            entry = table.get(app_name)
+            if entry is None or entry.deployment not in app.deployments:
+                continue
+            states: dict[Any, int] = dict(app.deployments[entry.deployment].replica_states)
+            if not states.get("RUNNING", 0):  # keys are ReplicaState, a str enum
+                continue  # not routable yet (or any more); dropped below
+            seen.add(app_name)
+            cached = self._routes.get(app_name)
+            if cached and cached.entry == entry and cached.deployed_at == app.last_deployed_time_s:
+                continue
+            try:
+                route = await self._route(entry, app.last_deployed_time_s)
+            except Exception:  # this one stays unrouted until a later refresh; the others go on
+                logger.exception("argus router: asking %s for its model failed", app_name)
+                seen.discard(app_name)
+                continue
+            if route is not None and self._table.get(app_name) == entry:
+                self._routes[app_name] = route
+                logger.info("argus router: serving %s from application %s", entry.model_id, app_name)
+        for app_name in set(self._routes) - seen:
+            self._routes.pop(app_name)
+            logger.info("argus router: dropped application %s (not running)", app_name)
+        self._claim()
+        self._last_refresh = time.monotonic()
 
-    async def _add_model(self, app_name: str, deployment: str, deployed_at: float) -> None:
-        handle: DeploymentHandle = serve.get_deployment_handle(deployment, app_name=app_name)
+    async def _route(self, entry: Entry, deployed_at: float) -> Route | None:
+        """A route to ``entry`` once its replica confirms the model id (None: it names another)."""
+        handle: DeploymentHandle = serve.get_deployment_handle(entry.deployment, app_name=entry.app)
         # Bounded: a replica that does not answer must not stall the refresh (and requests).
         llm_config = await asyncio.wait_for(handle.llm_config.remote(), timeout=LLM_CONFIG_TIMEOUT_S)
-        if llm_config is None:
-            return
-        model_id = llm_config.model_id
-        old = self._apps.get(app_name)
-        if old is not None and old[0] != model_id:
-            self._remove(app_name)
-        alias = _alias(app_name, llm_config)
-        alias_card = to_model_metadata(alias, llm_config) if alias else None
-        self._apps[app_name] = (model_id, deployment, deployed_at, alias_card)
-        self._default_serve_handles[model_id] = handle
-        self._configured_serve_handles.pop(model_id, None)  # rebuilt from the new handle
-        self._model_cards[model_id] = to_model_metadata(model_id, llm_config)
-        logger.info("argus router: serving %s from application %s", model_id, app_name)
+        if llm_config is None or llm_config.model_id != entry.model_id:
+            return None  # being redeployed under another id: the next refresh sees it settled
+        alias_card = to_model_metadata(entry.alias, llm_config) if entry.alias else None
+        return Route(entry, deployed_at, handle, to_model_metadata(entry.model_id, llm_config), alias_card)
 
-    def _remove(self, app_name: str) -> None:
-        model_id = self._apps.pop(app_name)[0]
-        self._default_serve_handles.pop(model_id, None)
-        self._configured_serve_handles.pop(model_id, None)
-        self._model_cards.pop(model_id, None)
-        logger.info("argus router: dropped %s (application %s)", model_id, app_name)
+    def _claim(self) -> None:
+        """Rebuild the handle, card and alias maps from the routes (the claim rules)."""
+        ids, aliases, refused = claim_names(self._routes.values())
+        for model_id in list(self._configured_serve_handles):
+            route = ids.get(model_id)
+            if route is None or self._default_serve_handles.get(model_id) is not route.handle:
+                self._configured_serve_handles.pop(model_id)  # rebuilt from the new handle
+        self._default_serve_handles = {m: r.handle for m, r in ids.items()}
+        self._model_cards = {m: r.card for m, r in ids.items()}
+        self._aliases = {a: r.entry.model_id for a, r in aliases.items()}
+        self._alias_cards = {a: r.alias_card for a, r in aliases.items()}
+        for app in refused - self._refused:  # once, not every refresh
+            logger.warning("argus router: a model id or alias of %s is taken; not routed", app)
+        self._refused = refused
 
-    def _claim_aliases(self) -> None:
-        """Rebuild the alias table: earliest-deployed application first; dated ids win."""
-        aliases: dict[str, str] = {}
-        cards: dict[str, Any] = {}
-        refused: set[str] = set()
-        for app_name, (model_id, _, _, card) in sorted(self._apps.items(), key=lambda kv: (kv[1][2], kv[0])):
-            if card is None:
-                continue
-            if card.id in self._model_cards or card.id in aliases:
-                refused.add(app_name)
-                if app_name not in self._refused:  # once, not every refresh
-                    logger.warning("argus router: alias %s of %s is taken; not routed", card.id, app_name)
-                continue
-            aliases[card.id] = model_id
-            cards[card.id] = card
-        self._aliases, self._alias_cards, self._refused = aliases, cards, refused
+    async def _known(self, model: str) -> bool:
+        """True when ``model`` is routable, refreshing first when the table holds it but it is not."""
+        if model in self._model_cards or model in self._aliases:
+            return True
+        if model in self._tabled_names:
+            await self._refresh_if_older(MISS_REFRESH_MIN_S)  # it may have just become ready
+        return model in self._model_cards or model in self._aliases
 
-    async def _resolve(self, model: str | None) -> str | None:
-        """The dated model id ``model`` names (itself when it is one, or unknown)."""
+    def _get_response(self, *, body: Any, call_method: str, raw_request: Any = None) -> AsyncIterator[Any]:
+        """Route a request by alias as if it named the dated id (vLLM serves only that name).
+
+        A plain function returning the stream: a request for a routable name gets Ray's
+        generator itself, with no extra generator hop per streamed chunk.
+        """
+        model = body.model
         if model is None or model in self._model_cards:
-            return model
-        if model not in self._aliases and time.monotonic() - self._last_refresh > MISS_REFRESH_MIN_S:
-            await self._refresh()  # it may have just become ready
-        return self._aliases.get(model, model)
+            return super()._get_response(body=body, call_method=call_method, raw_request=raw_request)
+        if model in self._aliases:
+            body = body.model_copy(update={"model": self._aliases[model]})
+            return super()._get_response(body=body, call_method=call_method, raw_request=raw_request)
+        return self._get_response_after_refresh(body=body, call_method=call_method, raw_request=raw_request)
 
-    async def _get_response(self, *, body: Any, call_method: str, raw_request: Any = None) -> Any:
-        """Route a request by alias as if it named the dated id (vLLM serves only that name)."""
-        target = await self._resolve(body.model)
+    async def _get_response_after_refresh(self, *, body: Any, call_method: str, raw_request: Any) -> AsyncIterator[Any]:
+        await self._known(body.model)
+        target = self._aliases.get(body.model, body.model)
         if target != body.model:
             body = body.model_copy(update={"model": target})
         async for response in super()._get_response(body=body, call_method=call_method, raw_request=raw_request):
@@ -169,43 +309,32 @@ class ArgusIngress(OpenAiIngress):
         return await super().model(model_id)
 
     async def _get_model_id(self, model: str | None) -> str:
-        """Refresh once on an unknown model (it may have just become ready), then 404."""
-        if model is not None and model not in self._model_cards:
-            if time.monotonic() - self._last_refresh > MISS_REFRESH_MIN_S:
-                await self._refresh()
-            if model not in self._model_cards:
-                raise ModelNotFound(
-                    status_code=http_status.HTTP_404_NOT_FOUND,
-                    message=f"The model `{model}` does not exist or is not ready.",
-                    type="ModelNotFound",
-                )
+        """Refresh once on a tabled but unroutable model (it may have just become ready), then 404."""
+        if model is not None and not await self._known(model):
+            raise ModelNotFound(
+                status_code=http_status.HTTP_404_NOT_FOUND,
+                message=f"The model `{model}` does not exist or is not ready.",
+                type="ModelNotFound",
+            )
         return await super()._get_model_id(model)
 
     async def models(self) -> Any:
-        """Every dated model id, then every alias (``/v1/models``)."""
-        if time.monotonic() - self._last_refresh > MISS_REFRESH_MIN_S:
-            await self._refresh()
+        """Every dated model id, then every alias (``/v1/models``); a tabled model not listed yet
+        (its replica starting) costs one Serve read at most every MISS_REFRESH_MIN_S."""
+        if len(self._routes) < len(self._table):
+            await self._refresh_if_older(MISS_REFRESH_MIN_S)
         listing = await super().models()
         listing.data.extend(self._alias_cards.values())
         return listing
 
 
-def _llm_deployment(deployments: dict[str, Any]) -> str | None:
-    """The ``LLMServer:*`` deployment of an application, or its only deployment."""
-    for name in deployments:
-        if name.startswith(LLM_DEPLOYMENT_PREFIX):
-            return name
-    return next(iter(deployments)) if len(deployments) == 1 else None
-
-
-def _alias(app_name: str, llm_config: Any) -> str | None:
-    """The alias the model file set (``served_name:``), else ``<user>-<name>`` of the app name."""
+def _alias(app_name: str, alias: str | None) -> str | None:
+    """The alias a table entry may route: ``alias`` (the file's ``served_name:``) when it lies in
+    the application's own user's namespace, else None; ``<user>-<name>`` when ``alias`` is empty."""
     parts = app_name[len(OWNED_PREFIX) :].split("--")
     if len(parts) != 2 or not all(parts):
         return None
-    extra = getattr(llm_config, "experimental_configs", None) or {}
-    alias = extra.get(ALIAS_KEY) if isinstance(extra, dict) else None
-    if isinstance(alias, str) and alias:
+    if alias:
         # Only in the app's own user's namespace: an application PUT by code on the cluster under
         # alice's app name can never take bob's alias (the loader's rule, enforced here again).
         return alias if alias.startswith(f"{parts[0]}-") else None
@@ -213,7 +342,12 @@ def _alias(app_name: str, llm_config: Any) -> str | None:
 
 
 def build_router(args: dict[str, Any] | None = None) -> Application:
-    """Return the router application. ``args`` is unused (kept empty so the config never changes)."""
+    """Return the router application.
+
+    ``args`` (``{"table": <format version>}``) is not read: it changes only when the table's
+    format does, so that Serve restarts replicas whose code cannot read the new one (a change of
+    ``user_config`` alone reaches running replicas in place, old code included).
+    """
     ingress_cls = make_fastapi_ingress(ArgusIngress)
     # The replica count is not set here: the application config's `deployments` override
     # carries an autoscaling_config (min 2 by default), which Serve changes in place.

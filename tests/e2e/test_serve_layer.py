@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.apply.serve import apply_serve
+from reconciler.apply.serve import apply_serve, target_apps
 from reconciler.builders.serve import app_name, model_app_config, serve_config
 from reconciler.dashboard import Dashboard
 from reconciler.observe.capacity import observe_capacity
@@ -279,3 +279,98 @@ def test_router_scales_in_place_and_survives_losing_a_replica(env: Env) -> None:
 
     wait_for(lambda: min_replicas() == 2, "Serve to report min_replicas 2", timeout=60)
     assert env.apply() is False  # Serve echoes the override exactly: no PUT loop
+
+
+def _put_with_refresh(env: Env, refresh_s: float) -> None:
+    """PUT what ``env.apply`` would, with the router's safety refresh set to ``refresh_s``."""
+    target = target_apps(env.apps(), observe_serve(env.dash), env.cluster)
+    target["argus-router"]["deployments"][0]["user_config"]["refresh_s"] = refresh_s
+    env.dash.put("/api/serve/applications/", serve_config([target[n] for n in sorted(target)], env.cluster))
+
+
+def _router_config(env: Env) -> Any:
+    return observe_serve(env.dash).apps["argus-router"]["deployments"][0].get("user_config")
+
+
+def test_the_pushed_table_routes_a_new_model_in_place_without_a_poll(env: Env) -> None:
+    """Adding a model pushes it to the router's table (``user_config``) in the same PUT: with the
+    safety refresh set to an hour the router routes the model as soon as its replica runs, its own
+    replicas stay the same (reconfigured in place), and streams in flight on another model finish.
+    Removing the model is a 404 at once (the table drops it before any refresh)."""
+    import threading
+    import time
+
+    import openai
+
+    hour = 3600.0
+    _put_with_refresh(env, hour)
+    wait_for(lambda: (_router_config(env) or {}).get("refresh_s") == hour, "the hour-long refresh deployed", 60)
+    before = wait_for(
+        lambda: r if len(r := _running(_router_replicas(env))) >= 2 else None, "two router replicas", timeout=120
+    )
+    time.sleep(2.0)  # Serve reconfigures the replicas right after it reports the new config
+
+    spans: list[tuple[float, float, int]] = []  # (start, end, chunks) of each finished stream
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def stream() -> None:
+        client = env.client()
+        while not stop.is_set():
+            start, chunks = time.monotonic(), 0
+            try:
+                for _ in client.chat.completions.create(
+                    model=CHAT.served_name,
+                    messages=[{"role": "user", "content": "Tell a long story."}],
+                    max_tokens=120,
+                    temperature=0,
+                    stream=True,
+                ):
+                    chunks += 1
+            except Exception as exc:  # every failure is counted and reported
+                errors.append(repr(exc)[:200])
+                continue
+            spans.append((start, time.monotonic(), chunks))
+
+    second = model("alice", "second")
+    streamer = threading.Thread(target=stream)
+    streamer.start()
+    try:
+        wait_for(lambda: len(spans) >= 1, "a first stream", timeout=60)
+        env.desired[second.key] = second
+        env.sources[second.key] = env.sources[CHAT.key]
+        put_at = time.monotonic()
+        _put_with_refresh(env, hour)
+        wait_running(env, [app_name("alice", "second")], **{app_name("alice", "second"): 1})
+        running_at = time.monotonic()
+
+        def answers(name: str) -> bool | None:
+            """True: answered; None: 404; False: another error (Serve between two states)."""
+            try:
+                env.client().chat.completions.create(
+                    model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=2, temperature=0
+                )
+            except openai.NotFoundError:
+                return None
+            except openai.APIError:
+                return False
+            return True
+
+        wait_for(lambda: answers(second.served_name), "the router to route the new model", timeout=30)
+        assert time.monotonic() - running_at < 30 < hour  # the table, not a poll cycle, made it routable
+        assert answers("alice-second")  # its default alias too
+        wait_for(lambda: any(s < put_at < e for s, e, _ in spans) or None, "a stream across the PUT", timeout=60)
+
+        del env.desired[second.key]
+        _put_with_refresh(env, hour)
+        wait_for(
+            lambda: answers(second.served_name) is None or None, "a 404 for the removed model", timeout=15, every=0.5
+        )
+    finally:
+        stop.set()
+        streamer.join(timeout=120)
+        env.desired.pop(second.key, None)
+    assert errors == [], errors[:3]
+    assert all(chunks > 1 for _, _, chunks in spans)
+    assert _running(_router_replicas(env)) == before  # reconfigured in place: the same replicas
+    assert env.apply() is True  # back to the default table settings for the tests after this one

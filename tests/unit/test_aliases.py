@@ -108,14 +108,9 @@ def test_only_an_explicit_alias_reaches_the_app_config_and_hash() -> None:
 
 def test_the_router_takes_an_alias_only_in_the_apps_own_namespace() -> None:
     """An application PUT by code on the cluster under alice's app name cannot route bob's alias."""
-    from types import SimpleNamespace
-
     from reconciler.serve_apps.router import _alias
 
-    def cfg(alias: str) -> SimpleNamespace:
-        return SimpleNamespace(experimental_configs={"argus_alias": alias})
-
-    assert _alias("argus--alice--chat", cfg("alice-prod")) == "alice-prod"
-    assert _alias("argus--alice--chat", cfg("bob-prod")) is None
-    assert _alias("argus--alice--chat", SimpleNamespace(experimental_configs=None)) == "alice-chat"
-    assert _alias("argus--odd", cfg("odd-x")) is None
+    assert _alias("argus--alice--chat", "alice-prod") == "alice-prod"
+    assert _alias("argus--alice--chat", "bob-prod") is None
+    assert _alias("argus--alice--chat", "") == "alice-chat"
+    assert _alias("argus--odd", "odd-x") is None

@@ -107,12 +107,13 @@ def test_zero_replicas_rejected() -> None:
 def test_router_and_serve_config() -> None:
     router = router_app_config(CPU)
     assert router == router_app_config(GPU)  # only serving.router matters: same code and args everywhere
-    assert router["name"] == "argus-router" and router["route_prefix"] == "/" and router["args"] == {}
+    assert router["name"] == "argus-router" and router["route_prefix"] == "/" and router["args"] == {"table": 1}
     # Two replicas by default (losing one drops no request), autoscaled like Ray Serve LLM's ingress.
     assert router["deployments"] == [
         {
             "name": "ArgusRouter",
             "autoscaling_config": {"min_replicas": 2, "max_replicas": 8, "target_ongoing_requests": 16.0},
+            "user_config": {"models": []},
         }
     ]
     bigger = replace(CPU, serving=replace(CPU.serving, router=RouterSettings(min_replicas=3, max_replicas=12)))
@@ -187,7 +188,8 @@ def test_observer_parses_owned_foreign_and_imperative() -> None:
 def test_apply_decision() -> None:
     app = model_app_config(spec(), CPU, "/p", "h")
     foreign = {"name": "other", "import_path": "x:y"}
-    obs = parse_serve_details(details({app["name"]: app, "argus-router": router_app_config(CPU), "other": foreign}))
+    running = {app["name"]: app, "argus-router": router_app_config(CPU, [app]), "other": foreign}
+    obs = parse_serve_details(details(running))
     target = target_apps([app], obs, CPU)
     assert set(target) == {app["name"], "argus-router", "other"}
     assert not needs_put(target, obs.apps)
