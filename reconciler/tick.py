@@ -36,7 +36,7 @@ from reconciler.fscache import CachedFS
 from reconciler.observe.capacity import observe_capacity
 from reconciler.observe.jobs import ForeignJob, observe_job_records
 from reconciler.observe.probe import ModelProber
-from reconciler.observe.runs import preemptions, recorded_runs
+from reconciler.observe.records import StatusRecords
 from reconciler.observe.serve import ServeObservation, observe_serve
 from reconciler.plan.actions import ActionType, Plan
 from reconciler.plan.actual import FINAL_JOB_STATES, PREEMPTED, ActualJob, ActualState, Capacity
@@ -178,6 +178,7 @@ class Reconciler:
         self.backoff = Backoff()
         self._retrying: dict[tuple[ObjectKey, str | None], str] = {}
         self._checkpoints: dict[str, str | None] = {}
+        self.records = StatusRecords()  # the status documents' run records, by document
         self._foreign_seen: set[str] = set()
         self.foreign: list[ForeignJob] = []
         # When each object was first seen (admission order), seeded once from the status branch
@@ -309,8 +310,7 @@ class Reconciler:
                 )
         known = {j.submission_id for j in jobs.owned}
         docs = self.status_docs()
-        records = recorded_runs(docs, paths, skip=known, memo=self._checkpoints)
-        recorded_sids, recorded_by = preemptions(docs)
+        records, recorded_sids, recorded_by = self.records.read(docs, paths, skip=known, checkpoints=self._checkpoints)
         # What this daemon preempted and the status branch does not hold yet (a report may be
         # superseded before it is written): kept here until the branch records it and Ray has
         # stopped it (until then each status write must keep saying PREEMPTED).
