@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from reconciler import __version__
 from reconciler.dashboard import Dashboard
-from reconciler.errors import ArgusError, Issue
+from reconciler.errors import ArgusError, Issue, MissingExtra
 from reconciler.plan import render
 from reconciler.plan.actions import ActionType
 from reconciler.plan.actual import ActualState
@@ -279,11 +279,8 @@ RUNTIME_MODULES = ("watchfiles", "prometheus_client", "jinja2", "ray")
 EXTRA_HINT = "pip install 'argus-reconciler[gpu]' (or '[cpu]' for CPU mode)"
 
 
-class MissingExtra(ArgusError):
-    """A runtime module is not installed: the base install has only validate/plan/status/init."""
-
-    def __init__(self, command: str, module: str) -> None:
-        super().__init__(f"argus {command} needs the runtime extra (module {module!r} is missing): {EXTRA_HINT}")
+def _missing_extra(command: str, module: str) -> MissingExtra:
+    return MissingExtra(f"argus {command} needs the runtime extra (module {module!r} is missing): {EXTRA_HINT}")
 
 
 def _require_runtime(command: str, modules: Sequence[str]) -> None:
@@ -296,7 +293,7 @@ def _require_runtime(command: str, modules: Sequence[str]) -> None:
         except (ImportError, ValueError):
             found = False
         if not found:
-            raise MissingExtra(command, name)
+            raise _missing_extra(command, name)
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
@@ -900,7 +897,7 @@ def _run_command(args: argparse.Namespace) -> int:
         # A runtime module imported late (a lazy import in the daemon) on the base install: one line, no traceback.
         if (exc.name or "").split(".")[0] not in RUNTIME_MODULES:
             raise
-        print(f"argus: error: {MissingExtra(args.command, exc.name or '?')}", file=sys.stderr)
+        print(f"argus: error: {_missing_extra(args.command, exc.name or '?')}", file=sys.stderr)
         return 1
     except ArgusError as exc:
         print(f"argus: error: {redact(str(exc))}", file=sys.stderr)  # messages may quote git's output, URLs

@@ -22,15 +22,7 @@ import urllib.request
 from typing import Any
 
 from reconciler.errors import ArgusError, RayUnavailable
-
-
-class DashboardError(ArgusError):
-    """The dashboard answered with an HTTP error."""
-
-    def __init__(self, method: str, path: str, status: int, text: str) -> None:
-        super().__init__(f"{method} {path}: HTTP {status}: {text[:500]}")
-        self.status = status
-        self.text = text
+from reconciler.errors import DashboardError as DashboardError  # raised here; callers catch it from here
 
 
 def token_from_env(environ: dict[str, str] | None = None) -> str | None:

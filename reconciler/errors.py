@@ -1,8 +1,10 @@
 """One exception tree for argus, with structured data.
 
-Errors are classified the kopf way: a :class:`PermanentError` cannot heal by retrying
-(bad input, a refused request) and is reported until its input changes; a
-:class:`TemporaryError` (an unreachable dashboard, a failed fetch) is retried with a delay.
+Errors are classified the kopf way, by subclass only: a :class:`PermanentError` cannot heal by
+retrying (bad input, a refused request) and is reported until its input changes; a
+:class:`TemporaryError` (an unreachable dashboard, a failed fetch) is retried, no sooner than
+its ``delay`` (the loop's and the applier's back-off, :mod:`reconciler.backoff`, never retry
+earlier). Every exception argus raises on purpose is defined here.
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ class PermanentError(ArgusError):
 
 
 class TemporaryError(ArgusError):
-    """May heal by itself; retry after ``delay`` seconds (a hint, not a promise)."""
+    """May heal by itself; retry no sooner than ``delay`` seconds (the class's ``DELAY`` unless
+    the raiser knows better)."""
 
-    def __init__(self, message: str, delay: float = 5.0) -> None:
+    DELAY = 5.0
+
+    def __init__(self, message: str, delay: float | None = None) -> None:
         super().__init__(message)
-        self.delay = delay
+        self.delay = self.DELAY if delay is None else delay
 
 
 @dataclass(frozen=True, order=True)
@@ -72,18 +77,62 @@ class SourceUnavailable(TemporaryError):
 class RayUnavailable(TemporaryError):
     """The Ray dashboard (Jobs or Serve REST API) did not answer. Nothing is applied."""
 
+    DELAY = 1.0  # a head that restarts answers within seconds: the back-off grows from here
+
+
+class DashboardError(ArgusError):
+    """The dashboard answered with an HTTP error (``status``, the body as ``text``); whether
+    that is permanent depends on the request (the applier classifies it)."""
+
+    def __init__(self, method: str, path: str, status: int, text: str) -> None:
+        super().__init__(f"{method} {path}: HTTP {status}: {text[:500]}")
+        self.status = status
+        self.text = text
+
 
 class ConcurrentWrite(TemporaryError):
     """Another writer moved a ref argus was updating (compare-and-swap lost): re-read, retry."""
 
 
 class ApplyFailed(ArgusError):
-    """Ray refused an action. ``permanent`` tells whether retrying the same request can help."""
+    """An action did not take: always one of :class:`ApplyRefused` (permanent) or
+    :class:`ApplyDeferred` (temporary)."""
 
-    def __init__(self, message: str, *, permanent: bool) -> None:
-        super().__init__(message)
-        self.permanent = permanent
+    @property
+    def permanent(self) -> bool:
+        return isinstance(self, PermanentError)
+
+
+class ApplyRefused(ApplyFailed, PermanentError):
+    """Ray refused the request itself: the same request fails the same way until the spec changes."""
+
+
+class ApplyDeferred(ApplyFailed, TemporaryError):
+    """Ray could not take the request now (unreachable, overloaded, a transient error): retried."""
+
+    DELAY = 2.0
 
 
 class ConfigError(PermanentError):
     """The daemon's own configuration is unusable (reported at start-up; the daemon exits)."""
+
+
+class YamlError(PermanentError):
+    """A YAML document cannot be read; ``issue`` locates the problem."""
+
+    def __init__(self, issue: Issue) -> None:
+        super().__init__(str(issue))
+        self.issue = issue
+
+
+class PathError(PermanentError, ValueError):
+    """A path breaks the path policy; the message says why, for the user."""
+
+
+class LogNotFound(PermanentError, LookupError):
+    """The object has no such run or application, or Ray does not say it is the object's."""
+
+
+class MissingExtra(PermanentError):
+    """A command needs a module only a runtime extra installs (the base install has only
+    validate, plan, status and init)."""

@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from reconciler.errors import RayUnavailable, SourceUnavailable
+from reconciler.backoff import Backoff
+from reconciler.errors import RayUnavailable, SourceUnavailable, TemporaryError
 from reconciler.redact import Redactor
 from reconciler.report import Reporter
 from reconciler.server import Metrics
@@ -28,6 +29,9 @@ from reconciler.status.writer import StatusWriter, default_redaction
 from reconciler.tick import Reconciler
 
 log = logging.getLogger("argus")
+MAX_BACKOFF_S = 60.0
+LEASE_POLL_S = 5.0
+_TICK = "tick"  # the loop's back-off key
 
 
 class Daemon:
@@ -84,9 +88,10 @@ class Daemon:
         self.stop = threading.Event()
         self.last_tick_ok = 0.0
         self.last_error: str | None = None
+        self._error_kind: str | None = None  # what last_error is about: source, ray, lease, tick
         self.tick_exception: str | None = None  # the last tick's unexpected exception, until one succeeds
         self._last_fetch = 0.0
-        self._backoff = 0.0
+        self._backoff = Backoff(first=1.0, cap=MAX_BACKOFF_S)  # one key: the loop's own ticks
         self._lease_until = 0.0
 
     def on_push(self, ref: str | None) -> bool:
@@ -176,7 +181,9 @@ class Daemon:
     def _run_once(self) -> float:
         started = time.monotonic()
         if not self._hold_lease():
-            return min(60.0, max(self.observe_interval, 5.0))
+            # A standby daemon polls at a steady pace (not a back-off): it takes over as soon as
+            # the holder's lease expires.
+            return min(MAX_BACKOFF_S, max(self.observe_interval, LEASE_POLL_S))
         fetch = not self.reconciler.source.local and started - self._last_fetch >= self.fetch_interval
         try:
             if fetch or self.reconciler.source.local:
@@ -186,14 +193,13 @@ class Daemon:
             result = self.reconciler.tick(desired, revision)
             result.commit_time = commit_time
         except SourceUnavailable as exc:
-            self._fail("source", str(exc))
-            self.reporter.source_error(str(exc))
-            return min(60.0, max(self.observe_interval, 5.0))
+            self.reporter.source_error(self._fail("source", str(exc)))
+            return self._delay(exc, floor=self.observe_interval)
         except RayUnavailable as exc:
             self._fail("ray", str(exc))
-            return min(60.0, max(1.0, 2 * (self._backoff or 0.5)))
-        self._backoff = 0.0
-        self.last_error = None
+            return self._delay(exc)
+        self._backoff.succeeded(_TICK)
+        self.last_error = self._error_kind = None
         self.tick_exception = None
         if not self.last_tick_ok:
             # The desired tree and caches live as long as the daemon: keep the cyclic GC from
@@ -215,8 +221,8 @@ class Daemon:
             return True
         if self.lease.acquire():
             self._lease_until = now + self.lease.ttl
-            if self.last_error and self.last_error.startswith("another daemon"):
-                self.last_error = None
+            if self._error_kind == "lease":
+                self.last_error = self._error_kind = None
             return True
         message = f"another daemon ({self.lease.other}) holds the lease on this repository; applying nothing"
         self._lease_until = 0.0
@@ -234,18 +240,25 @@ class Daemon:
         if message != self.tick_exception:
             log.error(json.dumps({"event": "tick_exception", "error": message}), exc_info=exc)
         self.tick_exception = self.last_error = message
+        self._error_kind = "tick"
         try:
             self.reporter.tick_error(message)
         except Exception as write_exc:  # the status branch may be what fails
             log.debug("status write after a failed tick failed: %s", write_exc)
-        self._backoff = min(60.0, max(1.0, 2 * (self._backoff or 0.5)))
-        return self._backoff
+        return self._delay(exc)
 
-    def _fail(self, kind: str, message: str) -> None:
+    def _delay(self, exc: Exception, floor: float = 0.0) -> float:
+        """The next try's delay after ``exc``: the loop's back-off, never below the failure's own
+        delay (a TemporaryError's) nor ``floor``."""
+        at_least = max(floor, exc.delay if isinstance(exc, TemporaryError) else 0.0)
+        return self._backoff.failed(_TICK, time.monotonic(), at_least=min(at_least, MAX_BACKOFF_S))
+
+    def _fail(self, kind: str, message: str) -> str:
+        """Count, log once and show a failure of ``kind``; returns the redacted message."""
         self.metrics.error(kind)
-        self._backoff = min(60.0, max(1.0, 2 * (self._backoff or 0.5)))
         message = self.redact(message)
         if self.last_error != message:
             event = "lease_held_elsewhere" if kind == "lease" else f"{kind}_unavailable"
             log.warning(json.dumps({"event": event, "error": message}))
-        self.last_error = message
+        self.last_error, self._error_kind = message, kind
+        return message

@@ -24,14 +24,15 @@ from functools import partial
 from typing import Any
 
 from reconciler import faults
-from reconciler.apply.jobs import Backoff, stop_job, submit_job
+from reconciler.apply.jobs import stop_job, submit_job
 from reconciler.apply.ownership import load_or_create_key
 from reconciler.apply.serve import apply_serve
+from reconciler.backoff import Backoff
 from reconciler.builders.jobs import job_submission
 from reconciler.builders.serve import app_name, model_app_config
 from reconciler.contain import culprits, raises
 from reconciler.dashboard import Dashboard
-from reconciler.errors import ApplyFailed, ArgusError, Issue, PermanentError, RayUnavailable
+from reconciler.errors import ApplyDeferred, ArgusError, Issue, PermanentError, RayUnavailable, TemporaryError
 from reconciler.fscache import CachedFS
 from reconciler.observe.capacity import observe_capacity
 from reconciler.observe.jobs import ForeignJob, observe_job_records
@@ -572,14 +573,13 @@ class Reconciler:
                 first_attempt=resume[1],
             )
             submit_job(self.dash, body)
-        except (PermanentError, ApplyFailed) as exc:
-            if isinstance(exc, PermanentError) or exc.permanent:
-                self._refused[attempt] = f"{exc} (not retried until the file changes)"
-            else:
-                delay = self.backoff.failed(attempt, time.monotonic())
-                self._retrying[attempt] = str(exc)
-                raise ApplyFailed(f"{exc} (temporary: retried in {delay:.0f}s)", permanent=False) from exc
+        except PermanentError as exc:
+            self._refused[attempt] = f"{exc} (not retried until the file changes)"
             raise
+        except TemporaryError as exc:
+            delay = self.backoff.failed(attempt, time.monotonic(), at_least=exc.delay)
+            self._retrying[attempt] = str(exc)
+            raise ApplyDeferred(f"{exc} (temporary: retried in {delay:.0f}s)", delay=delay) from exc
         self.backoff.succeeded(attempt)
         self._retrying.pop(attempt, None)
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -88,6 +90,33 @@ def cluster_yaml(hf_cache: Path, users_root: Path, serve_port: int, **extra: Any
     return doc
 
 
+def two_teams(hf_cache: Path, users_root: Path, serve_port: int) -> dict[str, Any]:
+    """cluster.yaml of two teams of one GPU each: research (alice, tasks best-effort by default)
+    and product (bob, models production by default)."""
+    return cluster_yaml(
+        hf_cache,
+        users_root,
+        serve_port,
+        users={"alice": {}, "bob": {}},
+        priority_classes={"production": 1000, "best-effort": 0},
+        default_priority={"models": "production", "tasks": "best-effort"},
+        teams={
+            "research": {"members": ["alice"], "quota": {"gpus": 1}},
+            "product": {"members": ["bob"], "quota": {"gpus": 1}},
+        },
+    )
+
+
+def site_repo(root: Path, hf_cache: Path, serve_port: int, *users: str, **cluster: Any) -> ConfigRepo:
+    """A config repository under ``root`` whose cluster.yaml (not yet committed) puts the users'
+    folders in ``root/users``, with a folder for each of ``users``."""
+    for user in users:
+        (root / "users" / user).mkdir(parents=True, exist_ok=True)
+    repo = ConfigRepo(root)
+    repo.write("cluster.yaml", cluster_yaml(hf_cache, root / "users", serve_port, **cluster))
+    return repo
+
+
 def model_yaml(source: str, replicas: int = 1, **fields: Any) -> dict[str, Any]:
     return {"kind": "Model", "source": source, "replicas": replicas, "engine_kwargs": dict(ENGINE), **fields}
 
@@ -161,3 +190,64 @@ def task_spec(user: str, name: str, workload: str = "command", **fields: Any) ->
     base.update(fields)
     raw = {k: base[k] for k in TASK_RAW_FIELDS}
     return TaskSpec(**base, raw={**raw, "name": name})
+
+
+class ArgusRun:
+    """``argus run ARGS`` as a subprocess in its own process session, its output in ``log``.
+
+    Stopped by its own pid (SIGTERM, then SIGKILL after ``grace`` seconds): never by name."""
+
+    def __init__(self, args: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> None:
+        self.args, self.log_path = list(args), log
+        self.env = dict(os.environ if env is None else env)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ArgusRun:
+        with open(self.log_path, "wb") as out:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "reconciler.cli", "run", *self.args],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_serving(self, url: str, timeout: float = 60.0) -> None:
+        """Wait until ``url`` answers any HTTP status; raises AssertionError (with the log) if the
+        daemon exits first or ``timeout`` passes."""
+        import urllib.error
+        import urllib.request
+
+        def answers() -> bool:
+            assert self.alive(), self.log()
+            try:
+                urllib.request.urlopen(url, timeout=2).read()
+            except urllib.error.HTTPError:
+                pass
+            except OSError:
+                return False
+            return True
+
+        wait_for(answers, f"the daemon to answer {url}", timeout=timeout, every=0.5)
+
+    def stop(self, grace: float = 30.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

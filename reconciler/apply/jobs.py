@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 import re
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from reconciler.dashboard import Dashboard, DashboardError
-from reconciler.errors import ApplyFailed, RayUnavailable
+from reconciler.errors import ApplyDeferred, ApplyFailed, ApplyRefused, RayUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -30,15 +30,17 @@ _RELAYED = re.compile(r"Request failed with status code (\d{3})")
 _REQUEST_REFUSED = frozenset({400, 405, 411, 413, 414, 415, 422})
 
 
-def is_permanent(status: int, text: str) -> bool:
-    """True when Ray's answer (``status``, body ``text``) refuses the request itself.
+def http_failure(what: str, exc: DashboardError) -> ApplyFailed:
+    """The error for Ray's HTTP answer ``exc`` to ``what``: :class:`ApplyRefused` when it refuses
+    the request itself, else :class:`ApplyDeferred`.
 
     A 500 that relays the job agent's 4xx (``Request failed with status code 400: ...``) is
     classified by the relayed status.
     """
-    relayed = _RELAYED.search(text)
-    effective = int(relayed.group(1)) if relayed and status >= 500 else status
-    return effective in _REQUEST_REFUSED
+    relayed = _RELAYED.search(exc.text)
+    effective = int(relayed.group(1)) if relayed and exc.status >= 500 else exc.status
+    kind = ApplyRefused if effective in _REQUEST_REFUSED else ApplyDeferred
+    return kind(f"{what}: HTTP {exc.status}: {_last_line(exc.text)}")
 
 
 def submit_job(dash: Dashboard, body: Mapping[str, Any]) -> str:
@@ -46,72 +48,32 @@ def submit_job(dash: Dashboard, body: Mapping[str, Any]) -> str:
 
     Returns the submission id. A job that already exists under that id counts as
     submitted (logged, no second job; the observer decides whether it is argus's).
-    Raises ApplyFailed: ``permanent=True`` only when Ray refuses the request itself
-    (:func:`is_permanent`), ``permanent=False`` when Ray is unreachable or may heal.
+    Raises ApplyRefused only when Ray refuses the request itself (:func:`http_failure`),
+    ApplyDeferred when Ray is unreachable or may heal.
     """
     sid = str(body.get("submission_id") or "")
     if not sid:
         # Without an id Ray would invent one, and a retry would start a second run.
-        raise ApplyFailed("job submission without submission_id", permanent=True)
+        raise ApplyRefused("job submission without submission_id")
     try:
         dash.post("/api/jobs/", dict(body))
     except DashboardError as exc:
         if _DUPLICATE in exc.text:
             log.info("job %s already submitted; not submitting again", sid)
             return sid
-        permanent = is_permanent(exc.status, exc.text)
-        raise ApplyFailed(f"submit {sid}: HTTP {exc.status}: {_last_line(exc.text)}", permanent=permanent) from exc
+        raise http_failure(f"submit {sid}", exc) from exc
     except RayUnavailable as exc:
-        raise ApplyFailed(f"submit {sid}: {exc}", permanent=False) from exc
+        raise ApplyDeferred(f"submit {sid}: {exc}", delay=exc.delay) from exc
     log.info("submitted job %s", sid)
     return sid
-
-
-class Backoff:
-    """Per-key retry schedule for temporary failures: 2, 4, 8 ... up to ``cap`` seconds.
-
-    ``due(key, now)`` says whether to try again; ``failed`` schedules the next try and returns
-    the delay; ``succeeded`` forgets the key. ``now`` is passed in (monotonic seconds) so that
-    tests drive it without sleeping.
-    """
-
-    def __init__(self, first: float = 2.0, cap: float = 60.0) -> None:
-        self.first, self.cap = first, cap
-        self._next: dict[object, tuple[float, float]] = {}  # key -> (not before, last delay)
-
-    def due(self, key: object, now: float) -> bool:
-        entry = self._next.get(key)
-        return entry is None or now >= entry[0]
-
-    def failed(self, key: object, now: float) -> float:
-        last = self._next.get(key, (0.0, 0.0))[1]
-        delay = min(self.cap, 2 * last if last else self.first)
-        self._next[key] = (now + delay, delay)
-        return delay
-
-    def succeeded(self, key: object) -> None:
-        self._next.pop(key, None)
-
-    def prune(self, keep: Callable[[object], bool]) -> None:
-        """Forget every key for which ``keep(key)`` is false (the caller's objects that are gone)."""
-        for key in [k for k in self._next if not keep(k)]:
-            del self._next[key]
-
-    def __len__(self) -> int:
-        return len(self._next)
-
-    def retry_in(self, key: object, now: float) -> float | None:
-        """Seconds until the next try of ``key`` (None when it is not backing off)."""
-        entry = self._next.get(key)
-        return None if entry is None else max(0.0, entry[0] - now)
 
 
 def stop_job(dash: Dashboard, submission_id: str) -> bool:
     """Ask Ray to stop a job. Idempotent.
 
     Returns True when Ray stopped a running/pending job, False when it was already in a
-    final state or does not exist. Raises ApplyFailed(permanent=False) when Ray is
-    unreachable or fails, ApplyFailed(permanent=True) on any other refusal.
+    final state or does not exist. Raises ApplyDeferred when Ray is unreachable or fails,
+    ApplyRefused when it refuses the request itself.
     """
     path = f"/api/jobs/{urllib.parse.quote(submission_id, safe='')}/stop"
     try:
@@ -120,12 +82,9 @@ def stop_job(dash: Dashboard, submission_id: str) -> bool:
         if exc.status == 404:
             log.info("job %s does not exist; nothing to stop", submission_id)
             return False
-        raise ApplyFailed(
-            f"stop {submission_id}: HTTP {exc.status}: {_last_line(exc.text)}",
-            permanent=is_permanent(exc.status, exc.text),
-        ) from exc
+        raise http_failure(f"stop {submission_id}", exc) from exc
     except RayUnavailable as exc:
-        raise ApplyFailed(f"stop {submission_id}: {exc}", permanent=False) from exc
+        raise ApplyDeferred(f"stop {submission_id}: {exc}", delay=exc.delay) from exc
     stopped = bool(answer.get("stopped")) if isinstance(answer, dict) else False
     log.info("stop %s: %s", submission_id, "stopping" if stopped else "already final")
     return stopped

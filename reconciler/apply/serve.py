@@ -15,7 +15,7 @@ from typing import Any
 
 from reconciler.builders.serve import is_owned_app, normalise_app, router_app_config, serve_config
 from reconciler.dashboard import Dashboard, DashboardError
-from reconciler.errors import ApplyFailed
+from reconciler.errors import ApplyDeferred, ApplyRefused
 from reconciler.observe.serve import SERVE_APPS_PATH, ServeObservation
 from reconciler.spec.hashing import stable_hash
 from reconciler.spec.types import ClusterSpec
@@ -115,7 +115,8 @@ def apply_serve(
     try:
         dash.put(SERVE_APPS_PATH, body)
     except DashboardError as exc:
-        raise ApplyFailed(f"Serve refused the application config: {exc}", permanent=400 <= exc.status < 500) from exc
+        kind = ApplyRefused if 400 <= exc.status < 500 else ApplyDeferred
+        raise kind(f"Serve refused the application config: {exc}") from exc
     if memo is not None:
         memo.update(digest=digest, time=clock())
     return True

@@ -24,6 +24,7 @@ from reconciler.builders.jobs import LABEL_TASK, LABEL_USER, MANAGED_BY, MANAGER
 from reconciler.builders.serve import app_name
 from reconciler.dashboard import Dashboard, DashboardError, RayStream
 from reconciler.errors import ArgusError
+from reconciler.errors import LogNotFound as LogNotFound  # raised here; callers catch it from here
 from reconciler.logs.slots import Slots
 from reconciler.logs.tail import (
     CHUNK,
@@ -59,10 +60,6 @@ _JOB_SPEC_FIELDS = (
     "runtime_env",
     "metadata",
 )
-
-
-class LogNotFound(LookupError):
-    """The object has no such run or application, or Ray does not say it is the object's."""
 
 
 def redactor(secret_values: list[str]) -> Redact:

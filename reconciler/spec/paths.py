@@ -13,6 +13,7 @@ import posixpath
 import re
 from typing import Protocol
 
+from reconciler.errors import PathError as PathError  # raised here; callers catch it from here
 from reconciler.spec.types import Paths
 
 HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -31,10 +32,6 @@ class FileSystem(Protocol):
     def mtime(self, path: str) -> float: ...
 
     def read_text(self, path: str) -> str | None: ...
-
-
-class PathError(ValueError):
-    """A path breaks the policy; the message says why, for the user."""
 
 
 def _inside(path: str, root: str) -> bool:

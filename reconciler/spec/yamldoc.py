@@ -25,6 +25,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from yaml.reader import Reader
 
 from reconciler.errors import Issue
+from reconciler.errors import YamlError as YamlError  # raised here; callers catch it from here
 
 # None when PyYAML was built without libyaml.
 _CSafeLoader: type[Any] | None = getattr(yaml, "CSafeLoader", None)
@@ -79,12 +80,6 @@ class Document:
                 return self.lines[key]
             key = key[:-1]
         return self.lines.get((), 1)
-
-
-class YamlError(Exception):
-    def __init__(self, issue: Issue) -> None:
-        super().__init__(str(issue))
-        self.issue = issue
 
 
 class _Retry(Exception):

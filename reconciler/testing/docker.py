@@ -1,7 +1,10 @@
 """A private Docker daemon and local base images for the compose test and bench (no Docker Hub needed).
 
 The daemon gets its own socket, data root, exec root and pid file under one cache folder; the data root
-persists between runs on one machine as a layer cache. It is stopped by its pid, never by name. Base images
+persists between runs on one machine as a layer cache. It is stopped by its pid, never by name. One run at
+a time uses a cache folder (an exclusive lock on ``session.lock``, held from :func:`start_daemon` to
+:func:`stop_daemon`): a second test or bench on the same machine waits for it, rather than building the
+same image tags at once or losing the daemon when the first run stops it. Base images
 are made from Debian packages only (debootstrap into ``docker import``), with this machine's CA bundle, so
 that apt and pip work inside builds on machines whose TLS goes through a site CA.
 
@@ -11,6 +14,7 @@ Run as ``python -m reconciler.testing.docker up|bases|down`` to prepare the cach
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -26,6 +30,7 @@ OS_IMAGE = "debian:bookworm-slim"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 DEBIAN_MIRROR = os.environ.get("ARGUS_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 PACKAGES = ("docker.io", "docker-compose", "debootstrap")
+LOCK_WAIT_S = float(os.environ.get("ARGUS_TEST_DOCKER_WAIT_S", "3600"))
 
 
 @dataclass
@@ -35,6 +40,7 @@ class Daemon:
     root: Path
     pid: int
     started: bool
+    lock: int | None = None  # the descriptor holding the cache folder's lock (released by stop_daemon)
 
     @property
     def socket(self) -> Path:
@@ -87,17 +93,54 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def start_daemon(root: Path = CACHE, timeout: float = 60) -> Daemon:
-    """Start dockerd with its own socket, data root and pid file under ``root`` (or reuse the one running there).
+def _take_lock(root: Path, timeout: float) -> int:
+    """Take the cache folder's exclusive lock, waiting up to ``timeout`` seconds for another run
+    to release it. Returns the descriptor; raises RuntimeError on timeout."""
+    fd = os.open(root / "session.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    deadline, said = time.monotonic() + timeout, False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise RuntimeError(f"{root} stayed in use by another run for {timeout:.0f}s") from None
+            if not said:
+                print(f"waiting for another run that uses {root} to end", file=sys.stderr, flush=True)
+                said = True
+            time.sleep(2)
 
-    Returns the Daemon; raises RuntimeError when it does not answer within ``timeout`` seconds.
+
+def _release(daemon: Daemon) -> None:
+    if daemon.lock is not None:
+        os.close(daemon.lock)  # closing the descriptor releases the lock
+        daemon.lock = None
+
+
+def start_daemon(root: Path = CACHE, timeout: float = 60, lock_wait: float = LOCK_WAIT_S) -> Daemon:
+    """Take the folder's lock, then start dockerd with its own socket, data root and pid file under
+    ``root`` (or reuse one left running there).
+
+    Returns the Daemon (call :func:`stop_daemon` to stop it and release the lock); raises
+    RuntimeError when it does not answer within ``timeout`` seconds or another run keeps the
+    folder longer than ``lock_wait``.
     """
     root.mkdir(parents=True, exist_ok=True)
+    lock = _take_lock(root, lock_wait)
+    try:
+        return _start(root, timeout, lock)
+    except BaseException:
+        os.close(lock)
+        raise
+
+
+def _start(root: Path, timeout: float, lock: int) -> Daemon:
     pidfile = root / "docker.pid"
     if pidfile.exists():
         pid = int(pidfile.read_text().strip() or 0)
         if pid and _alive(pid):
-            daemon = Daemon(root, pid, started=False)
+            daemon = Daemon(root, pid, started=False, lock=lock)
             if daemon.docker("version", check=False, timeout=20).returncode == 0:
                 return daemon
         pidfile.unlink(missing_ok=True)
@@ -114,12 +157,13 @@ def start_daemon(root: Path = CACHE, timeout: float = 60) -> Daemon:
         stderr=log,
         start_new_session=True,
     )
-    daemon = Daemon(root, proc.pid, started=True)
+    daemon = Daemon(root, proc.pid, started=True)  # no lock: start_daemon releases it on failure
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"dockerd exited ({proc.returncode}); see {root / 'dockerd.log'}")
         if daemon.socket.exists() and daemon.docker("version", check=False, timeout=20).returncode == 0:
+            daemon.lock = lock
             return daemon
         time.sleep(0.5)
     stop_daemon(daemon)
@@ -127,17 +171,21 @@ def start_daemon(root: Path = CACHE, timeout: float = 60) -> Daemon:
 
 
 def stop_daemon(daemon: Daemon, timeout: float = 60) -> None:
-    """Stop the daemon by its pid if this process started it (SIGTERM, then SIGKILL after ``timeout``)."""
-    if not daemon.started or not _alive(daemon.pid):
-        return
-    os.kill(daemon.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while _alive(daemon.pid) and time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(daemon.pid, os.WNOHANG)
-        time.sleep(0.2)
-    if _alive(daemon.pid):
-        os.kill(daemon.pid, signal.SIGKILL)
+    """Stop the daemon by its pid if this process started it (SIGTERM, then SIGKILL after
+    ``timeout``), and release the cache folder's lock."""
+    try:
+        if not daemon.started or not _alive(daemon.pid):
+            return
+        os.kill(daemon.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _alive(daemon.pid) and time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(daemon.pid, os.WNOHANG)
+            time.sleep(0.2)
+        if _alive(daemon.pid):
+            os.kill(daemon.pid, signal.SIGKILL)
+    finally:
+        _release(daemon)
 
 
 def has_image(daemon: Daemon, name: str) -> bool:

@@ -18,9 +18,6 @@ tiny byte limit). Then:
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -35,7 +32,7 @@ from reconciler.apply.jobs import stop_job
 from reconciler.dashboard import Dashboard
 from reconciler.testing.ray_head import RayHead, free_port
 from reconciler.web.reader import StatusReader
-from tests.support import ConfigRepo, cluster_yaml, wait_for
+from tests.support import ArgusRun, ConfigRepo, site_repo, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -80,51 +77,20 @@ class Site:
 @pytest.fixture(scope="module")
 def site(ray_head: RayHead, hf_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     root = tmp_path_factory.mktemp("biglogs")
-    users = root / "users"
-    (users / USER).mkdir(parents=True)
-    repo = ConfigRepo(root)
-    repo.write("cluster.yaml", cluster_yaml(hf_cache, users, ray_head.serve_port))
+    repo = site_repo(root, hf_cache, ray_head.serve_port, USER)
     repo.write(f"users/{USER}/tasks/big.yaml", task(BIG))
     repo.commit_push("a big log")
     web = f"127.0.0.1:{free_port()}"
-    log = open(root / "daemon.log", "wb")  # noqa: SIM115 - kept open for the process
-    daemon = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "reconciler.cli",
-            "run",
-            "--repo",
-            str(repo.bare),
-            "--ray",
-            ray_head.dashboard_url,
-            "--listen",
-            f"127.0.0.1:{free_port()}",
-            "--web-listen",
-            web,
-            "--observe-interval",
-            "1",
-            "--cache-dir",
-            str(root / "cache"),
-        ],
-        env={k: v for k, v in os.environ.items() if not k.startswith("ARGUS_")},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    args = ["--repo", str(repo.bare), "--ray", ray_head.dashboard_url, "--listen", f"127.0.0.1:{free_port()}"]
+    args += ["--web-listen", web, "--observe-interval", "1", "--cache-dir", str(root / "cache")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ARGUS_")}
+    daemon = ArgusRun(args, root / "daemon.log", env).start()
     site = Site(repo, f"http://{web}", daemon.pid, StatusReader(str(repo.bare)))
     try:
-        wait_for(lambda: daemon.poll() is not None or _get(site.url + "/healthz")[0] in (200, 503), "the daemon")
-        assert daemon.poll() is None, (root / "daemon.log").read_text()
+        daemon.wait_serving(site.url + "/healthz")
         yield site
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
-        log.close()
+        daemon.stop()
         dash = Dashboard(ray_head.dashboard_url)
         for job in dash.get("/api/jobs/") or []:
             sid = str(job.get("submission_id", ""))

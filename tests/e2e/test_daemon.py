@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -29,7 +28,7 @@ from reconciler.observe.serve import observe_serve
 from reconciler.spec.types import ObjectKey
 from reconciler.status.branch import read_documents
 from reconciler.testing.ray_head import RayHead, free_port
-from tests.support import ConfigRepo, cluster_yaml, git, model_yaml, remove_apps, wait_for
+from tests.support import ArgusRun, ConfigRepo, cluster_yaml, git, model_yaml, remove_apps, site_repo, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -40,13 +39,17 @@ KEY = ObjectKey("carol", "model", "chat")
 
 
 class DaemonProc:
-    """``argus run`` as a subprocess in its own session (so kill -9 hits exactly it)."""
+    """``argus run`` against the session's Ray head, restartable (``start`` again after a kill)."""
 
     def __init__(self, repo: ConfigRepo, head: RayHead, log_dir: Path) -> None:
         self.repo, self.head, self.log_dir = repo, head, log_dir
         self.listen = f"127.0.0.1:{free_port()}"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.run: ArgusRun | None = None
         self.starts = 0
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.run.proc if self.run is not None else None
 
     def start(self, fault: str | None = None, extra_env: dict[str, str] | None = None) -> None:
         self.starts += 1
@@ -54,34 +57,14 @@ class DaemonProc:
         env.pop("ARGUS_FAULT", None)
         if fault:
             env["ARGUS_FAULT"] = fault
-        log = open(self.log_dir / f"daemon-{self.starts}.log", "wb")  # noqa: SIM115 - kept open for the process
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "reconciler.cli",
-                "run",
-                "--repo",
-                str(self.repo.bare),
-                "--ray",
-                self.head.dashboard_url,
-                "--listen",
-                self.listen,
-                "--observe-interval",
-                "1",
-                "--endpoint",
-                self.head.serve_url + "/v1",
-            ],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        args = ["--repo", str(self.repo.bare), "--ray", self.head.dashboard_url, "--listen", self.listen]
+        args += ["--observe-interval", "1", "--endpoint", self.head.serve_url + "/v1"]
+        self.run = ArgusRun(args, self.log_dir / f"daemon-{self.starts}.log", env).start()
         wait_for(self.healthy_or_dead, "daemon HTTP server", timeout=60)
 
     def healthy_or_dead(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
+        assert self.run is not None
+        if not self.run.alive():
             return True
         try:
             urllib.request.urlopen(f"http://{self.listen}/metrics", timeout=2).read()
@@ -94,16 +77,11 @@ class DaemonProc:
         return self.proc.wait(timeout=timeout)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.run is not None:
+            self.run.stop(grace=20)
 
     def log(self) -> str:
-        return (self.log_dir / f"daemon-{self.starts}.log").read_text(errors="replace")
+        return self.run.log() if self.run is not None else ""
 
 
 @dataclass
@@ -120,9 +98,7 @@ class Env:
 def env(ray_head: RayHead, tiny_llama: Path, hf_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     root = tmp_path_factory.mktemp("daemon")
     users = root / "users"
-    (users / "carol").mkdir(parents=True)
-    repo = ConfigRepo(root)
-    repo.write("cluster.yaml", cluster_yaml(hf_cache, users, ray_head.serve_port))
+    repo = site_repo(root, hf_cache, ray_head.serve_port, "carol")
     daemon = DaemonProc(repo, ray_head, root)
     dash = Dashboard(ray_head.dashboard_url)
     daemon.start()

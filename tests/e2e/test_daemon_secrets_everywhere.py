@@ -17,7 +17,7 @@ from reconciler.dashboard import Dashboard
 from reconciler.status.branch import read_documents
 from reconciler.testing.ray_head import RayHead
 from tests.e2e.test_daemon import DaemonProc
-from tests.support import ConfigRepo, cluster_yaml, git, wait_for
+from tests.support import ConfigRepo, git, site_repo, wait_for
 
 WANDB = "wandb-0123456789abcdef-secret"
 HF = "hf_DaemonOwnToken0123456789abcdefXYZ"
@@ -50,10 +50,7 @@ SUCCEEDS = "users/dora/tasks/succeeds.yaml"
 
 @pytest.fixture
 def repo(ray_head: RayHead, tmp_path: Path) -> Iterator[ConfigRepo]:
-    users = tmp_path / "users"
-    (users / "dora").mkdir(parents=True)
-    repo = ConfigRepo(tmp_path)
-    repo.write("cluster.yaml", cluster_yaml(tmp_path / "hf", users, ray_head.serve_port))
+    repo = site_repo(tmp_path, tmp_path / "hf", ray_head.serve_port, "dora")
     repo.commit_push("cluster")
     yield repo
 

@@ -34,7 +34,7 @@ from reconciler.status.branch import read_documents
 from reconciler.testing.deps import require
 from reconciler.testing.ray_head import RayHead, engine_core_pids
 from tests.e2e.test_daemon import DaemonProc
-from tests.support import ConfigRepo, cluster_yaml, model_yaml, remove_apps, wait_for
+from tests.support import ConfigRepo, model_yaml, remove_apps, site_repo, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -56,10 +56,7 @@ class Env:
 def env(ray_head: RayHead, tiny_llama: Path, hf_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     require("ray.serve.llm", "vllm", "openai")
     root = tmp_path_factory.mktemp("engine-health")
-    users = root / "users"
-    (users / USER).mkdir(parents=True)
-    repo = ConfigRepo(root)
-    repo.write("cluster.yaml", cluster_yaml(hf_cache, users, ray_head.serve_port))
+    repo = site_repo(root, hf_cache, ray_head.serve_port, USER)
     daemon = DaemonProc(repo, ray_head, root)
     dash = Dashboard(ray_head.dashboard_url)
     daemon.start()

@@ -14,10 +14,7 @@ import hashlib
 import hmac
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -29,7 +26,7 @@ import pytest
 
 from reconciler.testing.deps import require
 from reconciler.testing.ray_head import free_port
-from tests.support import ConfigRepo, cluster_yaml, wait_for
+from tests.support import ArgusRun, ConfigRepo, cluster_yaml
 
 pytestmark = pytest.mark.e2e
 
@@ -42,12 +39,11 @@ MB = 1024 * 1024
 
 @dataclass
 class Daemon:
-    proc: subprocess.Popen[bytes]
+    run: ArgusRun
     addr: tuple[str, int]
-    log: Path
 
     def proc_status(self) -> dict[str, str]:
-        text = Path(f"/proc/{self.proc.pid}/status").read_text()
+        text = Path(f"/proc/{self.run.pid}/status").read_text()
         return {k: v.strip() for k, _, v in (line.partition(":") for line in text.splitlines())}
 
     def rss_peak_mb(self) -> float:
@@ -70,42 +66,16 @@ def _run_daemon(tmp_path: Path, *extra: str) -> Iterator[Daemon]:
     repo.write("cluster.yaml", cluster_yaml(tmp_path / "hf", tmp_path / "users", free_port()))
     repo.commit_push("cluster")
     port = free_port()
-    log = tmp_path / "daemon.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ARGUS_")}
     env["ARGUS_WEBHOOK_SECRET"] = SECRET
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "reconciler.cli",
-                "run",
-                "--repo",
-                str(repo.bare),
-                "--ray",
-                f"http://127.0.0.1:{free_port()}",  # nobody listens: the daemon backs off, the server serves
-                "--listen",
-                f"127.0.0.1:{port}",
-                *extra,
-            ],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    d = Daemon(proc, ("127.0.0.1", port), log)
+    # Nobody listens on the Ray address: the daemon backs off, the server serves.
+    args = ["--repo", str(repo.bare), "--ray", f"http://127.0.0.1:{free_port()}", "--listen", f"127.0.0.1:{port}"]
+    run = ArgusRun([*args, *extra], tmp_path / "daemon.log", env).start()
     try:
-        wait_for(lambda: proc.poll() is not None or _answers(d.addr, "/metrics") == 200, "daemon HTTP", timeout=60)
-        assert proc.poll() is None, log.read_text()
-        yield d
+        run.wait_serving(f"http://127.0.0.1:{port}/metrics")
+        yield Daemon(run, ("127.0.0.1", port))
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        run.stop(grace=20)
 
 
 def test_pages_on_their_own_address(tmp_path: Path) -> None:
@@ -302,7 +272,7 @@ def test_flood_leaves_webhook_health_and_metrics_answering(daemon: Daemon) -> No
         "slowloris_closed_after_s": round(max(slow_closed_after), 1) if slow_closed_after else None,
     }
     print(json.dumps(report))
-    assert daemon.proc.poll() is None, daemon.log.read_text()[-3000:]
+    assert daemon.run.alive(), daemon.run.log()[-3000:]
     assert not f.errors, f.errors[:5]
 
     # operators and the git host were served throughout

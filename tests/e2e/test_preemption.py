@@ -24,7 +24,7 @@ from reconciler.dashboard import Dashboard
 from reconciler.status.branch import read_documents
 from reconciler.testing.ray_head import RayHead
 from tests.e2e.test_daemon import DaemonProc
-from tests.support import ConfigRepo, cluster_yaml, model_yaml, remove_apps, wait_for
+from tests.support import ConfigRepo, model_yaml, remove_apps, two_teams, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -47,21 +47,6 @@ while step < {STEPS}:
     time.sleep(1 if os.environ.get("ARGUS_RESUME") != "1" else 0.1)
 print("done at step", step)
 """
-
-
-def cluster(hf_cache: Path, users: Path, port: int) -> dict[str, Any]:
-    return cluster_yaml(
-        hf_cache,
-        users,
-        port,
-        users={"alice": {}, "bob": {}},
-        priority_classes={"production": 1000, "best-effort": 0},
-        default_priority={"models": "production", "tasks": "best-effort"},
-        teams={
-            "research": {"members": ["alice"], "quota": {"gpus": 1}},
-            "product": {"members": ["bob"], "quota": {"gpus": 1}},
-        },
-    )
 
 
 def doc(repo: ConfigRepo, path: str) -> dict[str, Any]:
@@ -91,7 +76,7 @@ def test_a_production_model_preempts_a_borrowing_task_which_resumes_after(
     for user in ("alice", "bob"):
         (users / user).mkdir(parents=True)
     (users / "alice" / "train.py").write_text(SCRIPT)
-    repo.write("cluster.yaml", cluster(hf_cache, users, ray_head.serve_port))
+    repo.write("cluster.yaml", two_teams(hf_cache, users, ray_head.serve_port))
     command = f"{shlex.quote(sys.executable)} {shlex.quote(str(users / 'alice' / 'train.py'))}"
     repo.write(TASK, {"kind": "Task", "workload": "command", "command": command, "gpus_per_node": 2})
     repo.commit_push("alice trains on both GPUs (she borrows product's idle one)")

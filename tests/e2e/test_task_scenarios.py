@@ -29,7 +29,7 @@ from reconciler.dashboard import Dashboard
 from reconciler.observe.capacity import observe_capacity
 from reconciler.observe.serve import observe_serve
 from reconciler.testing.ray_head import RayHead
-from tests.support import ConfigRepo, cluster_yaml, model_yaml, remove_apps
+from tests.support import ConfigRepo, model_yaml, remove_apps, site_repo
 
 pytestmark = pytest.mark.e2e
 
@@ -56,9 +56,7 @@ class Env:
 def env(ray_head: RayHead, tiny_llama: Path, hf_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     root = tmp_path_factory.mktemp("tasks")
     users = root / "users"
-    (users / USER).mkdir(parents=True)
-    repo = ConfigRepo(root)
-    repo.write("cluster.yaml", cluster_yaml(hf_cache, users, ray_head.serve_port))
+    repo = site_repo(root, hf_cache, ray_head.serve_port, USER)
     repo.commit_push("cluster")
     dash = Dashboard(ray_head.dashboard_url)
     try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from reconciler.dashboard import Dashboard
 from reconciler.testing.deps import require
 from reconciler.testing.ray_head import RayHead, free_port
 from reconciler.web.reader import StatusReader
-from tests.support import ConfigRepo, cluster_yaml, model_yaml, wait_for
+from tests.support import ArgusRun, ConfigRepo, model_yaml, site_repo, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -61,10 +60,7 @@ def site(
     ray_head: RayHead, tiny_llama: Path, hf_cache: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Site]:
     root = tmp_path_factory.mktemp("web")
-    users = root / "users"
-    (users / USER).mkdir(parents=True)
-    repo = ConfigRepo(root)
-    repo.write("cluster.yaml", cluster_yaml(hf_cache, users, ray_head.serve_port))
+    repo = site_repo(root, hf_cache, ray_head.serve_port, USER)
     repo.write(f"users/{USER}/models/chat.yaml", model_yaml("argus-test/tiny-llama", suspend=True))
     # A failing run whose log tail holds user-written markup.
     repo.write(
@@ -78,59 +74,19 @@ def site(
     repo.commit_push("dora's objects")
     dash = Dashboard(ray_head.dashboard_url)
     listen, web = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    log = open(root / "daemon.log", "wb")  # noqa: SIM115 - kept open for the process
     # `argus run` as users deploy it: the webhook on one address, the pages and API on another.
-    daemon = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "reconciler.cli",
-            "run",
-            "--repo",
-            str(repo.bare),
-            "--ray",
-            ray_head.dashboard_url,
-            "--listen",
-            listen,
-            "--web-listen",
-            web,
-            "--observe-interval",
-            "1",
-            "--endpoint",
-            ray_head.serve_url + "/v1",
-            "--cache-dir",
-            str(root / "cache"),
-        ],
-        env={**os.environ, "WANDB_API_KEY": SECRET},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    args = ["--repo", str(repo.bare), "--ray", ray_head.dashboard_url, "--listen", listen, "--web-listen", web]
+    args += ["--observe-interval", "1", "--endpoint", ray_head.serve_url + "/v1", "--cache-dir", str(root / "cache")]
+    daemon = ArgusRun(args, root / "daemon.log", {**os.environ, "WANDB_API_KEY": SECRET}).start()
     url = f"http://{web}"
-
-    def serving() -> bool:
-        assert daemon.poll() is None, (root / "daemon.log").read_text()
-        try:
-            return urllib.request.urlopen(url + "/healthz", timeout=2).status in (200, 503)
-        except urllib.error.HTTPError:
-            return True
-        except OSError:
-            return False
-
-    wait_for(serving, "the daemon's page address", timeout=60)
     try:
+        daemon.wait_serving(url + "/healthz")
         yield Site(repo, dash, url, StatusReader(str(repo.bare)))
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
-        log.close()
+        daemon.stop()
         for job in dash.get("/api/jobs/") or []:
             sid = str(job.get("submission_id", ""))
-            if sid.startswith(f"argus-{USER}-") and job.get("status") in ("PENDING", "RUNNING"):
+            if sid.startswith(f"argus--{USER}--") and job.get("status") in ("PENDING", "RUNNING"):
                 stop_job(dash, sid)
 
 
@@ -243,8 +199,10 @@ def test_argus_logs_follows_a_running_job_redacted(site: Site) -> None:
     lines = [text for _, text in arrivals]
     steps = [t for t, text in arrivals if text.startswith("step ")]
     assert len(steps) == 10, lines
-    # printed while the job ran: the first step arrived seconds before the last
-    assert steps[-1] - steps[0] >= 5, arrivals
+    # Printed while the job ran: the last step arrived seconds after the first. (How many steps
+    # come in the first batch depends on how soon the follower starts on a busy machine: the
+    # job prints one a second, so a follower that joins at step 8 still sees two more arrive.)
+    assert steps[-1] - steps[0] >= 1.5, arrivals
     assert all(SECRET not in text for text in lines) and "step 1 of 10 key ***" in lines
     assert lines[-1] == f"[argus: run {sid} SUCCEEDED]"
     # the same through the API, and a run of someone else's task is refused

@@ -13,7 +13,7 @@ from reconciler.source.remote import open_source
 from reconciler.status.branch import read_documents
 from reconciler.status.writer import StatusWriter
 from reconciler.tick import Reconciler
-from tests.support import ConfigRepo, cluster_yaml, model_yaml
+from tests.support import ConfigRepo, model_yaml, two_teams
 from tests.unit.fake_ray import FakeRay
 from tests.unit.test_fuzz_ticks import AllowAll
 
@@ -50,37 +50,35 @@ class LateStop(FakeRay):
         return out
 
 
-def _cluster(tmp_path: Path) -> dict[str, Any]:
-    return cluster_yaml(
-        tmp_path / "hf",
-        tmp_path / "users",
-        8000,
-        users={"alice": {}, "bob": {}},
-        priority_classes={"production": 1000, "best-effort": 0},
-        default_priority={"models": "production", "tasks": "best-effort"},
-        teams={
-            "research": {"members": ["alice"], "quota": {"gpus": 1}},
-            "product": {"members": ["bob"], "quota": {"gpus": 1}},
-        },
-    )
+def _alice_borrows(tmp_path: Path) -> tuple[ConfigRepo, LateStop]:
+    """alice's task on both GPUs (one borrowed from product), running; Ray stops jobs 3 listings late."""
+    repo = ConfigRepo(tmp_path)
+    repo.write("cluster.yaml", two_teams(tmp_path / "hf", tmp_path / "users", 8000))
+    repo.write(TASK, {"kind": "Task", "workload": "command", "command": "true", "gpus_per_node": 2})
+    repo.commit_push("alice borrows product's idle GPU")
+    return repo, LateStop(lag=3, gpus=2)
+
+
+def _daemon(repo: ConfigRepo, ray: FakeRay) -> Daemon:
+    source = open_source(str(repo.bare), str(repo.bare) + "-cache")
+    reconciler = Reconciler(source, "main", ray, fs=AllowAll(), secrets_env={}, task_check=lambda t, c: [])
+    return Daemon(reconciler, StatusWriter(source), metrics=Metrics())
+
+
+def _reclaim(repo: ConfigRepo, tmp_path: Path) -> None:
+    repo.write(MODEL, model_yaml(str(tmp_path / "hf" / "tiny")))
+    repo.commit_push("bob's production model reclaims product's GPU")
 
 
 def test_the_preemptor_survives_a_stop_that_ray_reports_late(tmp_path: Path) -> None:
-    repo = ConfigRepo(tmp_path)
-    repo.write("cluster.yaml", _cluster(tmp_path))
-    repo.write(TASK, {"kind": "Task", "workload": "command", "command": "true", "gpus_per_node": 2})
-    repo.commit_push("alice borrows product's idle GPU")
-    ray = LateStop(lag=3, gpus=2)
-    source = open_source(str(repo.bare), str(repo.bare) + "-cache")
-    reconciler = Reconciler(source, "main", ray, fs=AllowAll(), secrets_env={}, task_check=lambda t, c: [])
-    daemon = Daemon(reconciler, StatusWriter(source), metrics=Metrics())
+    repo, ray = _alice_borrows(tmp_path)
+    daemon = _daemon(repo, ray)
     docs = lambda: read_documents(str(repo.bare), "argus/status")  # noqa: E731
     for _ in range(3):
         daemon.run_once()
     assert docs()[TASK]["state"] == "RUNNING", docs()[TASK]
 
-    repo.write(MODEL, model_yaml(str(tmp_path / "hf" / "tiny")))
-    repo.commit_push("bob's production model reclaims product's GPU")
+    _reclaim(repo, tmp_path)
     seen = []
     for _ in range(8):
         daemon.run_once()
@@ -95,25 +93,14 @@ def test_the_preemptor_survives_a_stop_that_ray_reports_late(tmp_path: Path) -> 
 
 
 def test_a_daemon_restarted_while_the_stop_lands_still_resumes_the_run(tmp_path: Path) -> None:
-    repo = ConfigRepo(tmp_path)
-    repo.write("cluster.yaml", _cluster(tmp_path))
-    repo.write(TASK, {"kind": "Task", "workload": "command", "command": "true", "gpus_per_node": 2})
-    repo.commit_push("alice borrows product's idle GPU")
-    ray = LateStop(lag=3, gpus=2)
-
-    def daemon() -> Daemon:
-        source = open_source(str(repo.bare), str(repo.bare) + "-cache")
-        reconciler = Reconciler(source, "main", ray, fs=AllowAll(), secrets_env={}, task_check=lambda t, c: [])
-        return Daemon(reconciler, StatusWriter(source), metrics=Metrics())
-
-    first = daemon()
+    repo, ray = _alice_borrows(tmp_path)
+    first = _daemon(repo, ray)
     for _ in range(3):
         first.run_once()
-    repo.write(MODEL, model_yaml(str(tmp_path / "hf" / "tiny")))
-    repo.commit_push("bob's production model reclaims product's GPU")
+    _reclaim(repo, tmp_path)
     first.run_once()
     assert ray.stopping  # the daemon "crashes" here: Ray has not stopped the attempt yet
-    second = daemon()
+    second = _daemon(repo, ray)
     for _ in range(6):
         second.run_once()
     doc = read_documents(str(repo.bare), "argus/status")[TASK]

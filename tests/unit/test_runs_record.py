@@ -16,10 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.apply.jobs import Backoff, is_permanent
+from reconciler.apply.jobs import http_failure
 from reconciler.apply.ownership import ENV_KEY, KEY_FILE, load_or_create_key
 from reconciler.builders.jobs import LABEL_PROOF, job_submission, proof_valid
-from reconciler.errors import PermanentError
+from reconciler.dashboard import DashboardError
+from reconciler.errors import ApplyDeferred, ApplyRefused, PermanentError
 from reconciler.observe.jobs import observe_job_records
 from reconciler.observe.runs import recorded_runs
 from reconciler.plan.actions import ActionType
@@ -264,17 +265,9 @@ def test_actual_json_round_trips_records() -> None:
     ],
 )
 def test_errors_are_classified_by_rays_answer(status: int, text: str, permanent: bool) -> None:
-    assert is_permanent(status, text) is permanent
-
-
-def test_backoff_doubles_and_resets() -> None:
-    book = Backoff(first=2.0, cap=10.0)
-    assert book.due("t", 0.0)
-    assert [book.failed("t", 0.0) for _ in range(4)] == [2.0, 4.0, 8.0, 10.0]
-    assert not book.due("t", 9.0) and book.due("t", 10.0)
-    assert book.retry_in("t", 4.0) == 6.0
-    book.succeeded("t")
-    assert book.due("t", 0.0) and book.retry_in("t", 0.0) is None
+    exc = http_failure("submit x", DashboardError("POST", "/api/jobs/", status, text))
+    assert isinstance(exc, ApplyRefused if permanent else ApplyDeferred)
+    assert isinstance(exc, PermanentError) is permanent and exc.permanent is permanent
 
 
 # -- the ownership key -------------------------------------------------------------------------------
