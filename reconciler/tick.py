@@ -37,7 +37,7 @@ from reconciler.fscache import CachedFS
 from reconciler.observe.capacity import observe_capacity
 from reconciler.observe.jobs import ForeignJob, observe_job_records
 from reconciler.observe.probe import ModelProber
-from reconciler.observe.runs import preemptions, recorded_runs
+from reconciler.observe.records import StatusRecords
 from reconciler.observe.serve import ServeObservation, observe_serve
 from reconciler.plan.actions import ActionType, Plan
 from reconciler.plan.actual import FINAL_JOB_STATES, PREEMPTED, ActualJob, ActualState, Capacity
@@ -47,6 +47,7 @@ from reconciler.source.localfs import LocalFS
 from reconciler.source.remote import RepoSource
 from reconciler.source.signatures import SignatureVerifier, SigningPolicy
 from reconciler.spec.hashing import parse_submission_id, task_spec_hash
+from reconciler.spec.incremental import IncrementalLoader
 from reconciler.spec.loader import ModelCheck, ParseCache, SourceFile, TaskCheck, classify, load
 from reconciler.spec.paths import FileSystem
 from reconciler.spec.types import ClusterSpec, DesiredState, ObjectKey, Paths, TaskSpec
@@ -150,6 +151,8 @@ class Reconciler:
         self.task_check = task_check if task_check is not None else default_task_check()
         self.model_check = model_check if model_check is not None else default_model_check()
         self.cache = ParseCache()
+        # Re-loads only the user folders a push changed (owns one entry per folder of the tree).
+        self.loader = IncrementalLoader(self.cache)
         self.signing = signing or SigningPolicy()
         state_file = None
         if state_dir:
@@ -176,6 +179,7 @@ class Reconciler:
         self.backoff = Backoff()
         self._retrying: dict[tuple[ObjectKey, str | None], str] = {}
         self._checkpoints: dict[str, str | None] = {}
+        self.records = StatusRecords()  # the status documents' run records, by document
         self._foreign_seen: set[str] = set()
         self.foreign: list[ForeignJob] = []
         # When each object was first seen (admission order), seeded once from the status branch
@@ -200,20 +204,19 @@ class Reconciler:
         signed = trusted.entries is not None
         self.rejections = [str(r) for r in trusted.rejections]
         self.trust_notes = list(trusted.notes)
-        desired = self._load_contained(
-            snap.files,
-            partial(
-                load,
-                created=trusted.created if signed else snap.created,
-                default_time=snap.commit_time,
-                fs=self.fs,
-                cache=self.cache,
-                task_check=self.task_check,
-                model_check=self.model_check,
-                revision=commit,
-                approve_prune=trusted.approve_prune if signed else snap.approve_prune,
-            ),
+        inputs: dict[str, Any] = dict(
+            created=trusted.created if signed else snap.created,
+            default_time=snap.commit_time,
+            fs=self.fs,
+            task_check=self.task_check,
+            model_check=self.model_check,
+            revision=commit,
+            approve_prune=trusted.approve_prune if signed else snap.approve_prune,
         )
+        try:
+            desired = self.loader.load(snap.files, **inputs)
+        except Exception:  # the loader's bug: contain it per file (the loader keeps nothing then)
+            desired = self._load_contained(snap.files, partial(load, cache=self.cache, **inputs))
         if desired.cluster.security.require_signed_commits and not self.signing.required:
             self.trust_notes.append(
                 "cluster.yaml's security settings are ignored: the daemon's own configuration decides "
@@ -308,8 +311,7 @@ class Reconciler:
                 )
         known = {j.submission_id for j in jobs.owned}
         docs = self.status_docs()
-        records = recorded_runs(docs, paths, skip=known, memo=self._checkpoints)
-        recorded_sids, recorded_by = preemptions(docs)
+        records, recorded_sids, recorded_by = self.records.read(docs, paths, skip=known, checkpoints=self._checkpoints)
         # What this daemon preempted and the status branch does not hold yet (a report may be
         # superseded before it is written): kept here until the branch records it and Ray has
         # stopped it (until then each status write must keep saying PREEMPTED).

@@ -6,6 +6,7 @@ blobs it has not seen and walks only the new commits.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import subprocess
 import tempfile
@@ -67,6 +68,18 @@ class GitRepo:
     _listed: dict[str, tuple[str, str]] = field(default_factory=dict)
     _listed_at: str | None = None  # commit the _listed map is valid for
     _files: dict[tuple[str, str, str], SourceFile] = field(default_factory=dict)  # (path, mode, blob) of the last read
+    # What the last listing changed: (the commit it was listed from, or None for a full listing; paths).
+    _changed: tuple[str | None, set[str]] = (None, set())
+    # The last snapshot of a commit's own tree, which the next one patches: its commit, cache,
+    # blob-cache clears, and its files in path order (as kept: see _kept) with their modes.
+    _snap_at: str | None = None
+    _snap_cache: ParseCache | None = None
+    _snap_clears: int = -1
+    _clears: int = 0  # how many times the blob cache was cleared
+    _order: list[str] = field(default_factory=list)
+    _kept_files: list[SourceFile] = field(default_factory=list)
+    _modes: dict[str, tuple[str, str]] = field(default_factory=dict)
+    _unsettled: set[str] = field(default_factory=set)  # kept without content: looked at again each time
 
     def resolve(self, ref: str) -> str:
         """Return the commit id of ``ref``. Raises SourceUnavailable when it does not exist."""
@@ -81,11 +94,89 @@ class GitRepo:
         """Read ``commit``'s relevant files. Blobs already parsed (in ``cache``) are not read again.
 
         ``tree`` (path -> (mode, blob)) replaces the commit's own tree: the signature
-        verifier's trusted tree, where unverified changes are left out.
+        verifier's trusted tree, where unverified changes are left out. After a snapshot of the
+        commit's own tree, the next one of a descendant looks only at the paths that changed.
         """
+        since: str | None = None
+        changed: set[str] = set()
         if tree is None:
             tree = self._listing(commit)
+            since, changed = self._changed
+        fast = (
+            since is not None
+            and since == self._snap_at
+            and tree is self._listed
+            and cache is self._snap_cache
+            and self._clears == self._snap_clears
+        )
+        files = self._patch(tree, changed, cache) if fast else self._read_all(tree, cache)
+        self._snap_at = commit if tree is self._listed else None
+        self._snap_cache, self._snap_clears = cache, self._clears
+        meta = git(self.path, "log", "-1", f"--format=%ct%x00%(trailers:key={APPROVE_TRAILER},valueonly)%x00%s", commit)
+        ctime, trailer, subject = meta.decode(errors="replace").split("\0", 2)
+        approve = trailer.strip().lower() in {"yes", "true", "1"}
+        return Snapshot(commit, files, self.created_times(commit), int(ctime), approve, subject.strip())
+
+    def _read_all(self, tree: Mapping[str, tuple[str, str]], cache: ParseCache | None) -> list[SourceFile]:
+        """Every relevant file of ``tree``, in path order (and the state :meth:`_patch` starts from)."""
         entries = [(p, m, b) for p, (m, b) in sorted(tree.items()) if p.startswith(_RELEVANT)]
+        got = self._file_objects(entries, cache)
+        files = [got[p] for p, _m, _b in entries]
+        # Unchanged files are the same objects next time: no 10,000 new objects (and GC work) per
+        # re-plan. They keep their content only while the bounded blob cache does.
+        self._files = {(p, m, b): self._kept(got[p]) for p, m, b in entries}
+        self._order = [p for p, _m, _b in entries]
+        self._kept_files = [self._files[e] for e in entries]
+        self._modes = {p: (m, b) for p, m, b in entries}
+        self._unsettled = {p for p, m, b in entries if self._needs_content(p, m, self._files[(p, m, b)])}
+        if len(self._sizes) > 2 * len(entries) + 1024:
+            self._sizes = {b: self._sizes[b] for _p, m, b in entries if b in self._sizes}
+        return files
+
+    def _patch(
+        self, tree: Mapping[str, tuple[str, str]], changed: set[str], cache: ParseCache | None
+    ) -> list[SourceFile]:
+        """The files of ``tree`` from the last snapshot's, looking only at ``changed`` paths (and
+        at files whose content was dropped from memory, which may have to be read again)."""
+        look = sorted(p for p in changed | self._unsettled if p.startswith(_RELEVANT))
+        entries = [(p, *tree[p]) for p in look if p in tree]
+        got = self._file_objects(entries, cache)
+        order, kept = self._order, self._kept_files
+        shown: dict[int, SourceFile] = {}
+        for path in look:
+            old = self._modes.pop(path, None)
+            if old is not None:
+                self._files.pop((path, *old), None)
+            i = bisect.bisect_left(order, path)
+            present = i < len(order) and order[i] == path
+            if path not in got:
+                if present:
+                    del order[i], kept[i]
+                continue
+            mode, blob = tree[path]
+            file = got[path]
+            keep = self._files[(path, mode, blob)] = self._kept(file)
+            self._modes[path] = (mode, blob)
+            if present:
+                kept[i] = keep
+            else:
+                order.insert(i, path)
+                kept.insert(i, keep)
+            if self._needs_content(path, mode, keep):
+                self._unsettled.add(path)
+            else:
+                self._unsettled.discard(path)
+            if keep is not file:
+                shown[i] = file
+        if len(self._sizes) > 2 * len(order) + 1024:
+            self._sizes = {b: self._sizes[b] for _m, b in self._modes.values() if b in self._sizes}
+        files = list(kept)
+        for path, file in ((f.path, f) for f in shown.values()):
+            files[bisect.bisect_left(order, path)] = file
+        return files
+
+    def _file_objects(self, entries: list[tuple[str, str, str]], cache: ParseCache | None) -> dict[str, SourceFile]:
+        """path -> SourceFile of ``entries`` ((path, mode, blob)), reading only the blobs needed."""
         known = cache.entries if cache is not None else {}
         # Symlinks (120000) and gitlinks (160000: a submodule's commit, absent here) are not read.
         regular = [(p, b) for p, m, b in entries if m != "120000" and not m.startswith("160")]
@@ -101,28 +192,25 @@ class GitRepo:
             and (p == "cluster.yaml" or classify(p)[0] is not None)
         ]
         fresh = self._read_blobs(wanted)
-        files = []
+        out = {}
         for p, m, b in entries:
             file = self._files.get((p, m, b))
             special = m == "120000" or m.startswith("160")
             content = None if special else fresh.get(b, self.blobs.get(b))
             if file is None or (file.content is None and content is not None):
                 file = SourceFile(p, content, b, symlink=m == "120000", size=None if special else sizes[b])
-            files.append(file)
-        # Unchanged files are the same objects next time: no 10,000 new objects (and GC work) per
-        # re-plan. They keep their content only while the bounded blob cache does.
-        self._files = {
-            (f.path, m, f.blob): f
-            if f.content is None or f.blob in self.blobs
-            else dataclasses.replace(f, content=None)
-            for f, (_p, m, _b) in zip(files, entries, strict=True)
-        }
-        if len(self._sizes) > 2 * len(entries) + 1024:
-            self._sizes = {b: sizes[b] for _p, b in regular}
-        meta = git(self.path, "log", "-1", f"--format=%ct%x00%(trailers:key={APPROVE_TRAILER},valueonly)%x00%s", commit)
-        ctime, trailer, subject = meta.decode(errors="replace").split("\0", 2)
-        approve = trailer.strip().lower() in {"yes", "true", "1"}
-        return Snapshot(commit, files, self.created_times(commit), int(ctime), approve, subject.strip())
+            out[p] = file
+        return out
+
+    def _kept(self, file: SourceFile) -> SourceFile:
+        """``file`` as it is kept between snapshots: without content once the blob cache dropped it."""
+        if file.content is None or file.blob in self.blobs:
+            return file
+        return dataclasses.replace(file, content=None)
+
+    def _needs_content(self, path: str, mode: str, file: SourceFile) -> bool:
+        """Whether a kept file may have to be read again (its content was dropped)."""
+        return file.content is None and mode != "120000" and not mode.startswith("160") and not file.symlink
 
     def _listing(self, commit: str) -> dict[str, tuple[str, str]]:
         """path -> (mode, blob) of the relevant files at ``commit``.
@@ -131,6 +219,7 @@ class GitRepo:
         so a re-plan after a push costs what the push changed, not the size of the tree.
         """
         if self._listed_at == commit:
+            self._changed = (commit, set())
             return self._listed
         if self._listed_at is not None:
             proc = subprocess.run(
@@ -153,16 +242,19 @@ class GitRepo:
             )
             if proc.returncode == 0:  # else (e.g. the old commit was garbage-collected): list it all
                 listed = dict(self._listed)
+                changed: set[str] = set()
                 tokens = proc.stdout.split(b"\0")
                 for meta, path_b in zip(tokens[0::2], tokens[1::2], strict=False):
                     if not meta:
                         continue
                     _old_mode, mode, _old_blob, blob, status = meta.decode().lstrip(":").split()
                     path = self._relative(decode_path(path_b))
+                    changed.add(path)
                     if status == "D":
                         listed.pop(path, None)
                     else:
                         listed[path] = (mode, blob)
+                self._changed = (self._listed_at, changed)
                 self._listed, self._listed_at = listed, commit
                 return listed
         listing = git(self.path, "ls-tree", "-r", "-z", "--full-tree", commit, "--", *self._pathspecs())
@@ -173,6 +265,7 @@ class GitRepo:
             meta, _, path_b = record.partition(b"\t")
             mode, _type, blob = meta.decode().split()
             listed[self._relative(decode_path(path_b))] = (mode, blob)
+        self._changed = (None, set())
         self._listed, self._listed_at = listed, commit
         return listed
 
@@ -234,6 +327,7 @@ class GitRepo:
             if self._blob_bytes + len(content) > BLOB_CACHE_BYTES:
                 self.blobs.clear()
                 self._blob_bytes = 0
+                self._clears += 1
             self.blobs[blob] = content
             self._blob_bytes += len(content)
         return got

@@ -122,12 +122,17 @@ def load(
     model_check: ModelCheck | None = None,
     revision: str | None = None,
     approve_prune: bool = False,
+    resolve_clashes: bool = True,
+    prune: bool = True,
 ) -> DesiredState:
     """Return the :class:`DesiredState` of ``files``. Never raises for bad input: every
     problem becomes an Issue in ``state.issues`` (and the object lands in ``state.invalid``).
 
     ``created`` maps a path to the UTC epoch of the commit that added it (``default_time``
     for paths it lacks); ``fs`` enables the file-system checks (None = offline).
+    ``resolve_clashes=False`` leaves served-name clashes between models unresolved and
+    ``prune=False`` keeps ``cache`` as it is: for loading one part of a tree
+    (:mod:`reconciler.spec.incremental` resolves the clashes of all parts together).
     """
     created = created or {}
     cache = cache if cache is not None else ParseCache()
@@ -239,11 +244,11 @@ def load(
         if file_issues:
             state.invalid[key] = file_issues
             issues.extend(file_issues)
-    for key, (name, holder) in clashes(state.models.values()).items():
-        model = state.models.pop(key)
-        issue = Issue(key.path, model.alias_line, f"served name {name!r} is already used by {holder.key.path}")
-        state.invalid[key] = [issue]
-        issues.append(issue)
+    if resolve_clashes:
+        issues.extend(drop_clashes(state, clashes(state.models.values())))
+    if not prune:
+        state.issues = sorted(set(issues))
+        return state
     # A long-running daemon: forget what is no longer in the tree before it crowds out what is
     # (not after every load: rebuilding the tables costs what a re-plan after one push costs).
     dead = (
@@ -256,6 +261,18 @@ def load(
         cache.keys = {p: k for p, k in cache.keys.items() if p in by_path}
     state.issues = sorted(set(issues))
     return state
+
+
+def drop_clashes(state: DesiredState, found: Mapping[ObjectKey, tuple[str, ModelSpec]]) -> list[Issue]:
+    """Move the models of ``found`` (see :func:`~reconciler.spec.aliases.clashes`) from
+    ``state.models`` to ``state.invalid``; returns their issues."""
+    out = []
+    for key, (name, holder) in found.items():
+        model = state.models.pop(key)
+        issue = Issue(key.path, model.alias_line, f"served name {name!r} is already used by {holder.key.path}")
+        state.invalid[key] = [issue]
+        out.append(issue)
+    return out
 
 
 def classify(path: str) -> tuple[ObjectKey | None, str | None]:

@@ -144,6 +144,7 @@ def _memo_sizes(rec: Reconciler, reporter: Reporter) -> dict[str, int]:
         "seen_blob": len(rec._seen_blob),
         "preempted": len(rec._preempted) + len(rec._preempted_runs),
         "parse_cache": len(rec.cache.entries) + len(rec.cache.built) + len(rec.cache.keys),
+        "loader": len(rec.loader._folders) + len(rec.loader._names),
         "git_created": len(rec.source.repo._created),
         "git_sizes": len(rec.source.repo._sizes),
         "log_tails": len(reporter.log_tails),

@@ -1,0 +1,155 @@
+"""CPU time per push tick at 1k/10k/100k objects, without Ray (the dashboard stand-in answers).
+
+For each size, a bare repository of ``users`` x (5 models + 5 tasks), all suspended (as in
+``bench/daemon_latency.py``), is read by a real :class:`~reconciler.loop.Daemon` (real git, real
+status branch writer, :class:`tests.unit.fake_ray.FakeRay` in place of Ray's REST API). After the
+first tick, ``--pushes`` pushes each add one task; each push tick is measured in CPU seconds of
+this process (and its git children), split into the load (read the commit, validate) and the tick
+(observe, plan, apply, assess), and the status write that follows. A slope near zero from 1k to
+100k objects shows that a push tick costs what the push changed.
+
+Usage: PYTHONPATH=. .venv/bin/python bench/tick_cpu.py [--sizes 100,1000,10000] [--pushes 10]
+[--profile SIZE]  (prints cProfile's top functions of the push ticks at that size)
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import os
+import pstats
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import yaml  # noqa: E402
+
+from reconciler.loop import Daemon  # noqa: E402
+from reconciler.server import Metrics  # noqa: E402
+from reconciler.source.remote import open_source  # noqa: E402
+from reconciler.status.writer import StatusWriter  # noqa: E402
+from reconciler.tick import Reconciler  # noqa: E402
+from tests.support import ConfigRepo, cluster_yaml  # noqa: E402
+from tests.unit.fake_ray import FakeRay  # noqa: E402
+
+
+def cpu_seconds() -> float:
+    child = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + child.ru_utime + child.ru_stime
+
+
+def make_repo(root: Path, objects: int) -> ConfigRepo:
+    """A repository of ``objects`` suspended objects (5 models + 5 tasks per user)."""
+    root.mkdir(parents=True)
+    repo = ConfigRepo(root)
+    home = root / "users-home"
+    (home / "bench").mkdir(parents=True)
+    repo.write("cluster.yaml", cluster_yaml(root / "hf", home, 8000))
+    model = yaml.safe_dump({"kind": "Model", "source": "$HOME/models/m", "suspend": True})
+    task = yaml.safe_dump({"kind": "Task", "workload": "command", "command": "true", "suspend": True})
+    for u in range(max(0, objects // 10)):
+        user = f"user{u:05d}"
+        (home / user / "models" / "m").mkdir(parents=True)
+        for kind, text in (("models", model), ("tasks", task)):
+            folder = repo.work / "users" / user / kind
+            folder.mkdir(parents=True)
+            for i in range(5):
+                (folder / f"{kind[0]}{i}.yaml").write_text(text)
+    repo.commit_push(f"{objects} objects")
+    return repo
+
+
+def measure(root: Path, objects: int, pushes: int, profile: bool) -> dict[str, float]:
+    t0 = time.perf_counter()
+    repo = make_repo(root, objects)
+    made = time.perf_counter() - t0
+    source = open_source(str(repo.bare), str(root / "cache"))
+    reconciler = Reconciler(
+        source,
+        "main",
+        FakeRay(gpus=64),
+        secrets_env={},
+        task_check=lambda t, c: [],
+        model_check=lambda m, c: [],
+        state_dir=str(root / "state"),
+    )
+    daemon = Daemon(reconciler, StatusWriter(source), metrics=Metrics())
+    start = cpu_seconds()
+    assert daemon.run_once() == 0.0, daemon.last_error or daemon.tick_exception
+    first = cpu_seconds() - start
+    loads, ticks, reports = [], [], []
+    prof = cProfile.Profile() if profile else None
+    for i in range(pushes):
+        repo.write(f"users/bench/tasks/t{i:03d}.yaml", {"kind": "Task", "workload": "command", "command": "true"})
+        repo.commit_push(f"task {i}")
+        if prof:
+            prof.enable()
+        a = cpu_seconds()
+        desired, revision, _commit_time = reconciler.load(fetch=False)
+        b = cpu_seconds()
+        result = reconciler.tick(desired, revision)
+        c = cpu_seconds()
+        daemon.reporter.report(result)
+        d = cpu_seconds()
+        if prof:
+            prof.disable()
+        assert any(f"-t{i:03d}-" in sid for sid in reconciler.dash.jobs), "the pushed task was not submitted"  # type: ignore[attr-defined]
+        loads.append(b - a)
+        ticks.append(c - b)
+        reports.append(d - c)
+    if prof:
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(35)
+        print(out.getvalue(), file=sys.stderr)
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(25)
+        print(out.getvalue(), file=sys.stderr)
+    daemon.close()
+    return {
+        "generate": made,
+        "first": first,
+        "load": statistics.median(loads),
+        "tick": statistics.median(ticks),
+        "report": statistics.median(reports),
+        "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1000,10000,100000")
+    parser.add_argument("--pushes", type=int, default=10)
+    parser.add_argument("--profile", type=int, default=None, help="profile the push ticks at this size")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")] if args.one is None else [args.one]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="argus-tickcpu-", ignore_cleanup_errors=True) as tmp:
+        for n in sizes:
+            gc.collect()
+            rows.append((n, measure(Path(tmp) / str(n), n, args.pushes, args.profile == n)))
+            print(f"{n}: {rows[-1][1]}", file=sys.stderr)
+    print(f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; medians of {args.pushes} one-file pushes\n")
+    print(
+        "| objects | first tick CPU | push tick CPU: load | tick | status write | total | peak RSS (all sizes so far) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for n, r in rows:
+        total = r["load"] + r["tick"] + r["report"]
+        print(
+            f"| {n:,} | {r['first']:.1f} s | {r['load'] * 1000:.0f} ms | {r['tick'] * 1000:.0f} ms "
+            f"| {r['report'] * 1000:.0f} ms | {total * 1000:.0f} ms | {r['rss']:.0f} MB |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""The status branch's run records and preemptions, re-read per document only when it changed. I/O.
+
+:func:`~reconciler.observe.runs.recorded_runs` and :func:`~reconciler.observe.runs.preemptions`
+walk every status document on every tick: at 10,000 objects that is a tenth of a push tick. The
+status store replaces a document that changes and hands out the unchanged ones as the same
+objects (``StatusWriter``), so each document's reading is kept by path and reused while the
+document is the same object. Checkpoint lookups are made as ``recorded_runs`` makes them: only
+for runs Ray no longer lists, through the caller's memo.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from reconciler.observe.jobs import checkpoint_of
+from reconciler.observe.runs import preemptions, recorded_runs
+from reconciler.plan.actual import ActualJob
+from reconciler.spec.types import ObjectKey, Paths
+
+
+@dataclass
+class _Reading:
+    doc: Mapping[str, Any]
+    runs: list[ActualJob]  # read without checkpoints
+    preempted: frozenset[str]
+    preempted_by: dict[ObjectKey, ObjectKey]
+
+
+@dataclass
+class StatusRecords:
+    """Readings of the status documents by path: one per document of the last call (pruned to them)."""
+
+    _readings: dict[str, _Reading] = field(default_factory=dict)
+
+    def read(
+        self,
+        docs: Mapping[str, Mapping[str, Any]],
+        paths: Paths | None,
+        *,
+        skip: frozenset[str] | set[str],
+        checkpoints: MutableMapping[str, str | None],
+    ) -> tuple[list[ActualJob], frozenset[str], dict[ObjectKey, ObjectKey]]:
+        """Return what ``recorded_runs(docs, paths, skip=skip, memo=checkpoints)`` and
+        ``preemptions(docs)`` return (the runs, the preempted ids, who preempted whom)."""
+        readings = self._readings
+        runs: list[ActualJob] = []
+        sids: set[str] = set()
+        by: dict[ObjectKey, ObjectKey] = {}
+        for path, doc in docs.items():
+            reading = readings.get(path)
+            if reading is None or reading.doc is not doc:
+                one = {path: doc}
+                preempted, preempted_by = preemptions(one)
+                reading = readings[path] = _Reading(doc, recorded_runs(one, None), preempted, preempted_by)
+            for job in reading.runs:
+                if job.submission_id in skip:
+                    continue
+                if job.status == "SUCCEEDED" and paths is not None:
+                    sid = job.submission_id
+                    if sid in checkpoints:
+                        found = checkpoints[sid]
+                    else:
+                        found = checkpoints[sid] = checkpoint_of(paths, job.key.user, job.key.name, sid)
+                    job = replace(job, hf_checkpoint=found)
+                runs.append(job)
+            sids |= reading.preempted
+            by.update(reading.preempted_by)
+        if len(readings) > len(docs):
+            self._readings = {p: r for p, r in readings.items() if p in docs}
+        return runs, frozenset(sids), by

@@ -1,0 +1,168 @@
+"""The incremental load equals a full load of the same files, after any sequence of trees.
+
+Trees are drawn from a small world where every cross-file rule of the loader can fire: two
+users whose names nest (``alice``, ``alice-bob``: one's alias can clash with the other's
+name), models taking a task's output (``source: task:<name>``), files that claim an object
+(``chat.yml``), broken YAML, symlinks, sub-folders, undeclared users, and cluster.yaml
+variants (valid, declaring users, broken). Between trees files are added, changed, deleted
+and re-added, creation times move (a history rewrite), and the file system's generation or
+the checks change. Both paths see the same inputs; the full one never reuses anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import yaml
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from reconciler.plan.actual import ActualState
+from reconciler.plan.planner import plan
+from reconciler.spec.incremental import IncrementalLoader
+from reconciler.spec.loader import ParseCache, SourceFile, load
+
+USERS = ("alice", "alice-bob", "bob", "carol")
+CLUSTERS = {
+    "plain": {"kind": "Cluster", "paths": {"common": "/hf", "users": "/home"}},
+    "declared": {
+        "kind": "Cluster",
+        "paths": {"common": "/hf", "users": "/home"},
+        "users": {"alice": {}, "alice-bob": {}, "bob": {}},
+    },
+    "broken": "kind: Cluster\npaths: [",
+}
+
+model_doc = st.fixed_dictionaries(
+    {
+        "kind": st.just("Model"),
+        "source": st.sampled_from(["$HOME/models/m", "task:t1", "task:t2", "Qwen/Qwen2.5-0.5B"]),
+    },
+    optional={
+        "served_name": st.sampled_from(["alice-bob-x", "alice-bob-m1", "alice-x", "bob-x", "bob-m1", "carol-m1"]),
+        "replicas": st.integers(0, 2),
+        "suspend": st.booleans(),
+    },
+)
+task_doc = st.fixed_dictionaries(
+    {"kind": st.just("Task"), "workload": st.just("command"), "command": st.sampled_from(["true", "echo hi"])},
+    optional={"suspend": st.booleans(), "run": st.integers(1, 2)},
+)
+broken = st.sampled_from([b"kind: Model\nsource: [", b"", b"- 1\n- 2\n", b"\xff\xfe"])
+model_text = model_doc.map(lambda d: yaml.safe_dump(d).encode())
+when = st.integers(0, 3)
+model_entry = st.tuples(
+    st.sampled_from(USERS),
+    st.sampled_from([f"models/{n}.yaml" for n in ("m1", "m2", "x", "bob-x")]),
+    st.one_of(model_text, model_text, model_text, broken),
+    when,
+)
+task_entry = st.tuples(
+    st.sampled_from(USERS),
+    st.sampled_from(["tasks/t1.yaml", "tasks/t2.yaml"]),
+    st.one_of(task_doc.map(lambda d: yaml.safe_dump(d).encode()), broken),
+    when,
+)
+odd_entry = st.tuples(
+    st.sampled_from(USERS),
+    st.sampled_from(["models/m1.yml", "models/old/m2.yaml", "tasks/.gitkeep", "notes.txt", "tasks/m1.yaml"]),
+    st.one_of(model_text, broken),
+    when,
+)
+entry = st.one_of(model_entry, model_entry, task_entry, task_entry, odd_entry)
+tree = st.fixed_dictionaries(
+    {
+        "cluster": st.sampled_from(["plain", "plain", "plain", "declared", "broken"]),
+        "files": st.lists(entry, min_size=2, max_size=16),
+        "symlink": st.sampled_from([None, "users/bob/models/m2.yaml"]),
+        "generation": st.integers(0, 1),
+    }
+)
+
+
+class Generations:
+    """A file system whose answers are frozen per generation (as CachedFS): every path exists."""
+
+    def __init__(self) -> None:
+        self.generation = 0
+
+    def exists(self, path: str) -> bool:
+        return True
+
+    def realpath(self, path: str) -> str:
+        return path
+
+    def listdir(self, path: str) -> list[str]:
+        return []
+
+    def mtime(self, path: str) -> float:
+        return 0.0
+
+    def read_text(self, path: str) -> str | None:
+        return None
+
+
+def _files(spec: dict[str, object]) -> tuple[list[SourceFile], dict[str, int]]:
+    cluster = CLUSTERS[str(spec["cluster"])]
+    text = cluster if isinstance(cluster, str) else yaml.safe_dump(cluster)
+    by_path: dict[str, SourceFile] = {}
+    created: dict[str, int] = {}
+    for user, rel, data, when in spec["files"]:  # type: ignore[attr-defined]
+        path = f"users/{user}/{rel}"
+        by_path[path] = SourceFile(path, data, hashlib.sha1(data).hexdigest())
+        created[path] = 1767225600 + 60 * when
+    link = spec["symlink"]
+    if isinstance(link, str):
+        by_path[link] = SourceFile(link, None, "0" * 40, symlink=True)
+    by_path["cluster.yaml"] = SourceFile("cluster.yaml", text.encode(), hashlib.sha1(text.encode()).hexdigest())
+    return [by_path[p] for p in sorted(by_path)], created
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(tree, min_size=1, max_size=6), st.booleans())
+def test_incremental_load_equals_a_full_load_after_any_sequence_of_trees(
+    trees: list[dict[str, object]], online: bool
+) -> None:
+    inc = IncrementalLoader()
+    fs = Generations()
+    for spec in trees:
+        files, created = _files(spec)
+        fs.generation = int(spec["generation"])  # type: ignore[call-overload]
+        kw = dict(created=created, default_time=1767225000, fs=fs if online else None, revision="r1")
+        got = inc.load(files, **kw)  # type: ignore[arg-type]
+        want = load(files, cache=ParseCache(), **kw)  # type: ignore[arg-type]
+        assert got == want
+        event(f"models {min(len(want.models), 3)}, tasks {min(len(want.tasks), 3)}")
+        event(f"clash: {any('already used' in i.message for i in want.issues)}")
+        event(f"task source: {any(m.source.startswith('task:') for m in want.models.values())}")
+        assert plan(got, ActualState(), now=0) == plan(want, ActualState(), now=0)
+
+
+def test_a_push_reloads_only_the_folder_it_changed() -> None:
+    spec: dict[str, object] = {
+        "cluster": "plain",
+        "files": [
+            (u, f"models/m{i}.yaml", yaml.safe_dump({"kind": "Model", "source": "$HOME/m"}).encode(), 0)
+            for u in USERS
+            for i in (1, 2)
+        ],
+        "symlink": None,
+        "generation": 0,
+    }
+    inc = IncrementalLoader()
+    files, created = _files(spec)
+    inc.load(files, created=created)
+    assert inc.folders_loaded == len(USERS)
+    changed = [
+        f if f.path != "users/bob/models/m1.yaml" else SourceFile(f.path, b"kind: Model\nsource: x\n", "b2")
+        for f in files
+    ]
+    got = inc.load(changed, created=created)
+    assert inc.folders_loaded == len(USERS) + 1
+    assert got == load(changed, created=created)
+    # cluster.yaml changes every object's validation: everything is loaded again.
+    recluster = [
+        f if f.path != "cluster.yaml" else SourceFile("cluster.yaml", b"kind: Cluster\n", "c2") for f in changed
+    ]
+    assert inc.load(recluster, created=created) == load(recluster, created=created)
+    assert inc.folders_loaded == 2 * len(USERS) + 1
