@@ -27,11 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import yaml  # noqa: E402
 
 from reconciler.dashboard import Dashboard  # noqa: E402
 from reconciler.testing.ray_head import free_port, start_head  # noqa: E402
-from tests.support import ConfigRepo, cluster_yaml, git  # noqa: E402
+from tests.support import ConfigRepo, add_suspended_objects, cluster_yaml, git  # noqa: E402
 
 
 def daemon(repo: ConfigRepo, dash_url: str, log: Path) -> subprocess.Popen[bytes]:
@@ -68,16 +67,7 @@ def make_repo(root: Path, name: str, users: int) -> ConfigRepo:
     home = root / f"{name}-users"
     (home / "bench").mkdir(parents=True)
     repo.write("cluster.yaml", cluster_yaml(root / "hf", home, free_port()))
-    model = yaml.safe_dump({"kind": "Model", "source": "$HOME/models/m", "suspend": True})
-    task = yaml.safe_dump({"kind": "Task", "workload": "command", "command": "true", "suspend": True})
-    for u in range(users):
-        user = f"user{u:04d}"
-        (home / user / "models" / "m").mkdir(parents=True)
-        for kind, text in (("models", model), ("tasks", task)):
-            folder = repo.work / "users" / user / kind
-            folder.mkdir(parents=True)
-            for i in range(5):
-                (folder / f"{kind[0]}{i}.yaml").write_text(text)
+    add_suspended_objects(repo, home, users)
     repo.commit_push(f"{users * 10} objects")
     return repo
 

@@ -83,6 +83,35 @@ def run_clients(base_url: str, model: str, clients: int, seconds: float, max_tok
     return {"latencies": latencies, "failures": failures, "elapsed": time.monotonic() - started}
 
 
+def side_by_side(source: Path, serve_port: int) -> tuple[ClusterSpec, ModelSpec, dict[str, Any], dict[str, Any]]:
+    """The CPU cluster, the model, argus's application of the tiny model at ``source`` and Ray Serve LLM's own
+    ``build_openai_app`` of the same model under ``/ray``: what the router benches compare."""
+    cluster = ClusterSpec(
+        serving=Serving(accelerator="cpu", http_port=serve_port, cpus_per_replica=1.0),
+        env={"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
+    )
+    spec = ModelSpec(
+        key=ObjectKey("bench", "model", "tiny"),
+        source="bench/tiny",
+        source_path=str(source),
+        source_task=None,
+        replicas=1,
+        gpus_per_replica=1,
+        engine_kwargs=ENGINE,
+        env={},
+        suspend=False,
+        created_at=1764417600,
+    )
+    ours = model_app_config(spec, cluster, str(source), model_spec_hash(spec, cluster))
+    theirs = {
+        "name": "ray-openai",
+        "route_prefix": "/ray",
+        "import_path": "ray.serve.llm:build_openai_app",
+        "args": {"llm_configs": [llm_config(spec, cluster, str(source))]},
+    }
+    return cluster, spec, ours, theirs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
@@ -98,29 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     head = start_head(num_cpus=8, env={"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"})
     try:
         dash = Dashboard(head.dashboard_url)
-        cluster = ClusterSpec(
-            serving=Serving(accelerator="cpu", http_port=head.serve_port, cpus_per_replica=1.0),
-            env={"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
-        )
-        spec = ModelSpec(
-            key=ObjectKey("bench", "model", "tiny"),
-            source="bench/tiny",
-            source_path=str(source),
-            source_task=None,
-            replicas=1,
-            gpus_per_replica=1,
-            engine_kwargs=ENGINE,
-            env={},
-            suspend=False,
-            created_at=1764417600,
-        )
-        ours = model_app_config(spec, cluster, str(source), model_spec_hash(spec, cluster))
-        theirs = {
-            "name": "ray-openai",
-            "route_prefix": "/ray",
-            "import_path": "ray.serve.llm:build_openai_app",
-            "args": {"llm_configs": [llm_config(spec, cluster, str(source))]},
-        }
+        cluster, spec, ours, theirs = side_by_side(source, head.serve_port)
         dash.put(SERVE_APPS_PATH, serve_config([ours, router_app_config(cluster, [ours]), theirs], cluster))
         deadline = time.monotonic() + 900
         while True:

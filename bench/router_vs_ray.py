@@ -49,12 +49,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from reconciler.builders.serve import llm_config, model_app_config, router_app_config, serve_config  # noqa: E402
+from bench.router_throughput import side_by_side  # noqa: E402
+from reconciler.builders.serve import router_app_config, serve_config  # noqa: E402
 from reconciler.dashboard import Dashboard  # noqa: E402
 from reconciler.observe.serve import SERVE_APPS_PATH, observe_serve  # noqa: E402
-from reconciler.spec.hashing import model_spec_hash  # noqa: E402
-from reconciler.spec.types import ClusterSpec, ModelSpec, ObjectKey, Serving  # noqa: E402
-from tests.support import ENGINE  # noqa: E402  (the suite's engine settings: float32, eager)
 
 LEVELS = (1, 8, 32)
 PATHS = ("argus", "ray")
@@ -263,28 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     head = start_head(num_cpus=8, env={"PYTHONPATH": str(ROOT), **env})
     try:
         dash = Dashboard(head.dashboard_url)
-        cluster = ClusterSpec(
-            serving=Serving(accelerator="cpu", http_port=head.serve_port, cpus_per_replica=1.0), env=env
-        )
-        spec = ModelSpec(
-            key=ObjectKey("bench", "model", "tiny"),
-            source="bench/tiny",
-            source_path=str(source),
-            source_task=None,
-            replicas=1,
-            gpus_per_replica=1,
-            engine_kwargs=ENGINE,
-            env={},
-            suspend=False,
-            created_at=1764417600,
-        )
-        ours = model_app_config(spec, cluster, str(source), model_spec_hash(spec, cluster))
-        theirs = {
-            "name": "ray-openai",
-            "route_prefix": "/ray",
-            "import_path": "ray.serve.llm:build_openai_app",
-            "args": {"llm_configs": [llm_config(spec, cluster, str(source))]},
-        }
+        cluster, spec, ours, theirs = side_by_side(source, head.serve_port)
         router = router_app_config(cluster, [ours])
         if args.profile:
             Path(args.profile).mkdir(parents=True, exist_ok=True)

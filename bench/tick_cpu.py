@@ -30,14 +30,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import yaml  # noqa: E402
 
 from reconciler.loop import Daemon  # noqa: E402
 from reconciler.server import Metrics  # noqa: E402
 from reconciler.source.remote import open_source  # noqa: E402
 from reconciler.status.writer import StatusWriter  # noqa: E402
 from reconciler.tick import Reconciler  # noqa: E402
-from tests.support import ConfigRepo, cluster_yaml  # noqa: E402
+from tests.support import ConfigRepo, add_suspended_objects, cluster_yaml  # noqa: E402
 from tests.unit.fake_ray import FakeRay  # noqa: E402
 
 
@@ -53,16 +52,7 @@ def make_repo(root: Path, objects: int) -> ConfigRepo:
     home = root / "users-home"
     (home / "bench").mkdir(parents=True)
     repo.write("cluster.yaml", cluster_yaml(root / "hf", home, 8000))
-    model = yaml.safe_dump({"kind": "Model", "source": "$HOME/models/m", "suspend": True})
-    task = yaml.safe_dump({"kind": "Task", "workload": "command", "command": "true", "suspend": True})
-    for u in range(max(0, objects // 10)):
-        user = f"user{u:05d}"
-        (home / user / "models" / "m").mkdir(parents=True)
-        for kind, text in (("models", model), ("tasks", task)):
-            folder = repo.work / "users" / user / kind
-            folder.mkdir(parents=True)
-            for i in range(5):
-                (folder / f"{kind[0]}{i}.yaml").write_text(text)
+    add_suspended_objects(repo, home, max(0, objects // 10))
     repo.commit_push(f"{objects} objects")
     return repo
 

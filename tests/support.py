@@ -107,6 +107,21 @@ def two_teams(hf_cache: Path, users_root: Path, serve_port: int) -> dict[str, An
     )
 
 
+def add_suspended_objects(repo: ConfigRepo, home: Path, users: int) -> None:
+    """Write ``users`` users x (5 models + 5 tasks), all suspended (nothing is deployed), into
+    ``repo``'s work tree, each model's folder under ``home``: the benches' big repositories."""
+    model = yaml.safe_dump({"kind": "Model", "source": "$HOME/models/m", "suspend": True})
+    task = yaml.safe_dump({"kind": "Task", "workload": "command", "command": "true", "suspend": True})
+    for u in range(users):
+        user = f"user{u:05d}"
+        (home / user / "models" / "m").mkdir(parents=True)
+        for kind, text in (("models", model), ("tasks", task)):
+            folder = repo.work / "users" / user / kind
+            folder.mkdir(parents=True)
+            for i in range(5):
+                (folder / f"{kind[0]}{i}.yaml").write_text(text)
+
+
 def site_repo(root: Path, hf_cache: Path, serve_port: int, *users: str, **cluster: Any) -> ConfigRepo:
     """A config repository under ``root`` whose cluster.yaml (not yet committed) puts the users'
     folders in ``root/users``, with a folder for each of ``users``."""

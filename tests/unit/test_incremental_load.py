@@ -21,6 +21,7 @@ from reconciler.plan.actual import ActualState
 from reconciler.plan.planner import plan
 from reconciler.spec.incremental import IncrementalLoader
 from reconciler.spec.loader import ParseCache, SourceFile, load
+from tests.unit.test_fuzz_ticks import AllowAll
 
 USERS = ("alice", "alice-bob", "bob", "carol")
 CLUSTERS = {
@@ -80,26 +81,11 @@ tree = st.fixed_dictionaries(
 )
 
 
-class Generations:
+class Generations(AllowAll):
     """A file system whose answers are frozen per generation (as CachedFS): every path exists."""
 
     def __init__(self) -> None:
         self.generation = 0
-
-    def exists(self, path: str) -> bool:
-        return True
-
-    def realpath(self, path: str) -> str:
-        return path
-
-    def listdir(self, path: str) -> list[str]:
-        return []
-
-    def mtime(self, path: str) -> float:
-        return 0.0
-
-    def read_text(self, path: str) -> str | None:
-        return None
 
 
 def _files(spec: dict[str, object]) -> tuple[list[SourceFile], dict[str, int]]:
