@@ -19,7 +19,7 @@ from typing import Any
 
 from reconciler.errors import Issue
 from reconciler.spec.aliases import clashes
-from reconciler.spec.loader import ModelCheck, ParseCache, SourceFile, TaskCheck, drop_clashes, load
+from reconciler.spec.loader import ModelCheck, ParseCache, SourceFile, TaskCheck, check_ids, drop_clashes, load
 from reconciler.spec.paths import FileSystem
 from reconciler.spec.types import DesiredState, ModelSpec, ObjectKey, TaskSpec
 
@@ -73,20 +73,15 @@ class IncrementalLoader:
         created = created or {}
         cluster_file = next((f for f in files if f.path == CLUSTER), None)
         generation = getattr(fs, "generation", None)
-        basis = (
-            cluster_file,
-            id(fs) if fs is not None else None,
-            generation,
-            id(task_check) if task_check else None,
-            id(model_check) if model_check else None,
-        )
+        basis = (cluster_file, id(fs) if fs is not None else None, generation, check_ids(task_check, model_check))
         kw: dict[str, Any] = dict(fs=fs, cache=self.cache, task_check=task_check, model_check=model_check)
         if fs is not None and generation is None:  # it answers anew every time: nothing can be reused
             self._reset()
             return load(
                 files, created=created, default_time=default_time, revision=revision, approve_prune=approve_prune, **kw
             )
-        if basis != self._basis:
+        rebased = basis != self._basis
+        if rebased:
             self._reset()
         self._cluster_source = cluster_file
         try:
@@ -116,6 +111,8 @@ class IncrementalLoader:
             self._reset()
             raise
         self._basis = basis
+        if rebased:  # every folder was built again: what was built on the old basis is dead
+            self.cache.keep_basis(cluster_file.blob if cluster_file else None, basis[3], generation)
         if len(self.cache.entries) > 2 * len(files) + 1024 or len(self.cache.built) > 2 * len(files) + 1024:
             self._prune(files)
         return result
