@@ -134,7 +134,8 @@ def owners(depth: int = 3, **roots: object) -> None:
     def visit(name: str, obj: object, level: int) -> None:
         if id(obj) in seen:
             return
-        children = sorted(_attrs(obj).items(), key=lambda kv: -deep_mb(kv[1], set(seen))) if level < depth else []
+        # Biggest first by what each reaches (shared objects included): one walk per child.
+        children = sorted(_attrs(obj).items(), key=lambda kv: -deep_mb(kv[1], set())) if level < depth else []
         for child, value in children:
             visit(f"{name}.{child}", value, level + 1)
         added = deep_mb(obj, seen)
