@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -382,7 +383,8 @@ def _classify(path: str) -> tuple[ObjectKey | None, str | None]:
     if not filename.endswith(".yaml"):
         return None, f"only <name>.yaml files are allowed in {folder}/"
     kind: Kind = "model" if folder == "models" else "task"
-    return ObjectKey(parts[1], kind, filename[: -len(".yaml")]), None
+    # Interned: the user's name is in each of its objects' keys, and keys sit in every table.
+    return ObjectKey(sys.intern(parts[1]), kind, filename[: -len(".yaml")]), None
 
 
 def _parse_checked(file: SourceFile, kind: str, cache: ParseCache) -> tuple[Document | None, list[Issue]]:
