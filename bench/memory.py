@@ -34,11 +34,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from tick_cpu import make_repo  # noqa: E402
 
+from reconciler.daemon import build_parts  # noqa: E402
 from reconciler.loop import Daemon  # noqa: E402
 from reconciler.server import Metrics  # noqa: E402
 from reconciler.source.remote import open_source  # noqa: E402
 from reconciler.status.writer import StatusWriter  # noqa: E402
-from reconciler.tick import Reconciler  # noqa: E402
+from reconciler.tick import tick  # noqa: E402
 from tests.unit.fake_ray import FakeRay  # noqa: E402
 
 MB = 1024 * 1024
@@ -166,7 +167,7 @@ def main() -> int:
         phases = Phases(not args.no_trace, args.top, "lineno" if args.frames <= 1 else "traceback")
         phases.mark("start")
         source = open_source(str(repo.bare), str(root / "cache"))
-        reconciler = Reconciler(
+        parts = build_parts(
             source,
             "main",
             FakeRay(gpus=64),
@@ -175,18 +176,27 @@ def main() -> int:
             model_check=lambda m, c: [],
             state_dir=str(root / "state"),
         )
-        daemon = Daemon(reconciler, StatusWriter(source), metrics=Metrics())
-        desired, revision, _ = reconciler.load(fetch=False)
-        phases.mark("first load")
-        result = reconciler.tick(desired, revision)
-        phases.mark("first tick")
-        del desired
-        gc.collect()
-        gc.freeze()  # as Daemon.run_once after its first tick
-        daemon.reporter.report(result)
-        del result
-        phases.mark("first status write (steady state)", diff=True)
-        owners(reconciler=reconciler, reporter=daemon.reporter, writer=daemon.writer, loader=reconciler.loader)
+        daemon = Daemon(parts, StatusWriter(source), metrics=Metrics())
+        parts = daemon.parts  # with the status writer's records
+
+        def one_tick(label: str) -> None:
+            revision = parts.revisions.read(fetch=False)
+            phases.mark(f"{label}: load")
+            result, daemon.memory = tick(
+                revision, parts.observe(revision), daemon.memory, parts.applier, parts.record_runs
+            )
+            del revision
+            phases.mark(f"{label}: tick")
+            if label == "first":
+                gc.collect()
+                gc.freeze()  # as Daemon.run_once after its first tick
+            daemon.reporter.report(result)
+            del result
+            phases.mark(f"{label}: status write", diff=label == "first")
+
+        one_tick("first")
+        held = dict(parts=parts, memory=daemon.memory, reporter=daemon.reporter, writer=daemon.writer)
+        owners(**held)
         for i in range(args.pushes):
             repo.write(f"users/bench/tasks/t{i:03d}.yaml", {"kind": "Task", "workload": "command", "command": "true"})
             repo.commit_push(f"task {i}")
@@ -194,24 +204,12 @@ def main() -> int:
             # 10,000 objects: start the peak (VmHWM) again, so that it is the daemon's work alone.
             Path("/proc/self/clear_refs").write_text("5")
             phases.mark(f"push {i + 1} (git commit, push; VmHWM reset)")
-            desired, revision, _ = reconciler.load(fetch=False)
-            phases.mark(f"push tick {i + 1}: load")
-            result = reconciler.tick(desired, revision)
-            del desired
-            phases.mark(f"push tick {i + 1}: tick")
-            daemon.reporter.report(result)
-            del result
-            phases.mark(f"push tick {i + 1}: status write")
+            one_tick(f"push tick {i + 1}")
         for i in range(args.timer_ticks):
-            reconciler.refresh_fs()
-            desired, revision, _ = reconciler.load(fetch=False)
-            phases.mark(f"timer tick {i + 1}: load after refresh_fs()")
-            result = reconciler.tick(desired, revision)
-            del desired
-            daemon.reporter.report(result)
-            del result
-            phases.mark(f"timer tick {i + 1} done", diff=i == args.timer_ticks - 1)
-        owners(reconciler=reconciler, reporter=daemon.reporter, writer=daemon.writer, loader=reconciler.loader)
+            parts.revisions.refresh_fs()
+            parts.observer.forget_capacity()
+            one_tick(f"timer tick {i + 1}")
+        owners(**held)
         daemon.close()
     print(f"\n{args.objects:,} objects, tracemalloc {'off' if args.no_trace else 'on'}, load {os.getloadavg()[0]:.1f}")
     print("| phase | seconds | traced now | traced peak in phase | VmRSS | VmHWM |")
