@@ -41,7 +41,20 @@ from reconciler.spec.hashing import (
 )
 from reconciler.spec.types import ClusterSpec, DesiredState, ModelSpec, ObjectKey, TaskSpec
 
-__all__ = ["APPROVE_HINT", "free_capacity", "latest_success", "plan"]
+__all__ = [
+    "APPROVE_HINT",
+    "Order",
+    "Step",
+    "admission_times",
+    "first_issue",
+    "free_capacity",
+    "guard",
+    "latest_success",
+    "model_step",
+    "plan",
+    "runs_by_key",
+    "task_step",
+]
 
 APPROVE_HINT = (
     "push a commit whose message has the trailer `Argus-Approve-Prune: yes` (or run `argus plan --approve-prune`)"
@@ -49,7 +62,7 @@ APPROVE_HINT = (
 
 
 @dataclass(frozen=True)
-class _Order:
+class Order:
     """First-come-first-served inputs: recorded first sightings and the tick's clock."""
 
     first_seen: Mapping[ObjectKey, int]
@@ -78,10 +91,7 @@ def plan(
     capacity = capacity if capacity is not None else actual.capacity
     seen = first_seen if first_seen is not None else actual.first_seen
     result = Plan()
-    if now is not None or seen:
-        result.first_seen = {k: order_time(k, m.created_at, seen, now) for k, m in desired.models.items()}
-        result.first_seen.update({k: order_time(k, t.created_at, seen, now) for k, t in desired.tasks.items()})
-        result.first_seen.update({k: seen[k] for k in desired.invalid if k in seen})
+    result.first_seen = admission_times(desired, seen, now)
     if not desired.cluster_valid:
         result.frozen = True
         result.notes.append("cluster.yaml is invalid: nothing will be applied until it is fixed")
@@ -89,7 +99,7 @@ def plan(
             result.actions.append(Action(ActionType.KEEP, key, "kept as it runs: cluster.yaml is invalid"))
         return result
 
-    order = _Order(seen, now)
+    order = Order(seen, now)
     direct: list[Action] = []
     candidates: list[Candidate] = []
     deletions: list[Action] = []
@@ -98,12 +108,24 @@ def plan(
     busy = frozenset(a.key for a in (*direct, *deletions) if a.type is not ActionType.KEEP)
     busy |= frozenset(c.action.key for c in candidates)
     direct.extend(admit(desired, actual, capacity, candidates, result, now=now, busy=busy))
-    direct.extend(_guard(desired, actual, deletions, result))
+    direct.extend(guard(desired, actual, deletions, result))
     result.actions = sorted(direct, key=lambda a: a.sort_key)
     return result
 
 
-def _first_issue(desired: DesiredState, key: ObjectKey) -> str:
+def admission_times(desired: DesiredState, seen: Mapping[ObjectKey, int], now: int | None) -> dict[ObjectKey, int]:
+    """The admission order time of every desired object (:attr:`Plan.first_seen`); empty when
+    neither a clock nor recorded sightings are given."""
+    if now is None and not seen:
+        return {}
+    out = {k: order_time(k, m.created_at, seen, now) for k, m in desired.models.items()}
+    out.update({k: order_time(k, t.created_at, seen, now) for k, t in desired.tasks.items()})
+    out.update({k: seen[k] for k in desired.invalid if k in seen})
+    return out
+
+
+def first_issue(desired: DesiredState, key: ObjectKey) -> str:
+    """The first issue of ``key``'s invalid file, as the plan's reasons quote it."""
     issues = desired.invalid.get(key, [])
     return str(issues[0]) if issues else "invalid"
 
@@ -138,13 +160,13 @@ def _plan_models(
     out: list[Action],
     cands: list[Candidate],
     deletions: list[Action],
-    order: _Order,
+    order: Order,
 ) -> None:
     invalid = {k for k in desired.invalid if k.kind == "model"}
-    jobs_by_key = _jobs_by_key(actual)
+    jobs_by_key = runs_by_key(actual)
     for key in sorted(set(desired.models) | set(actual.models) | invalid, key=_by_name):
         spec = desired.models.get(key)
-        issue = _first_issue(desired, key) if key in invalid else None
+        issue = first_issue(desired, key) if key in invalid else None
         checkpoint = source_checkpoint(spec, jobs_by_key) if spec is not None else None
         _collect(
             model_step(key, spec, actual.models.get(key), issue, desired.cluster, checkpoint),
@@ -157,7 +179,7 @@ def _plan_models(
 
 
 def _collect(
-    step: Step, out: list[Action], cands: list[Candidate], deletions: list[Action], order: _Order, key: ObjectKey
+    step: Step, out: list[Action], cands: list[Candidate], deletions: list[Action], order: Order, key: ObjectKey
 ) -> None:
     out.extend(step.out)
     deletions.extend(step.deletions)
@@ -248,13 +270,13 @@ def _plan_tasks(
     out: list[Action],
     cands: list[Candidate],
     deletions: list[Action],
-    order: _Order,
+    order: Order,
 ) -> None:
     invalid = {k for k in desired.invalid if k.kind == "task"}
-    jobs_by_key = _jobs_by_key(actual)  # one pass: actual.jobs_of() per task is quadratic
+    jobs_by_key = runs_by_key(actual)  # one pass: actual.jobs_of() per task is quadratic
     ray_keys = {j.key for j in actual.jobs}
     for key in sorted(set(desired.tasks) | invalid | ray_keys, key=_by_name):
-        issue = _first_issue(desired, key) if key in invalid else None
+        issue = first_issue(desired, key) if key in invalid else None
         step = task_step(
             key, desired.tasks.get(key), jobs_by_key.get(key, []), issue, desired.cluster, actual.foreign_ids
         )
@@ -362,7 +384,7 @@ def _next_attempt(spec: TaskSpec, attempts: list[ActualJob], foreign: Container[
     return sid
 
 
-def _jobs_by_key(actual: ActualState) -> dict[ObjectKey, list[ActualJob]]:
+def runs_by_key(actual: ActualState) -> dict[ObjectKey, list[ActualJob]]:
     """Every run by task: Ray's jobs and the recorded runs Ray forgot (:meth:`ActualState.runs`)."""
     out: dict[ObjectKey, list[ActualJob]] = {}
     for job in actual.runs():
@@ -384,7 +406,7 @@ def _positive(res: Resources) -> dict[str, float]:
     return {k: v for k, v in res.items() if v > 0}
 
 
-def _guard(desired: DesiredState, actual: ActualState, deletions: list[Action], result: Plan) -> list[Action]:
+def guard(desired: DesiredState, actual: ActualState, deletions: list[Action], result: Plan) -> list[Action]:
     """Hold back mass deletions (Flux/Argo CD's most-reported disaster) unless approved."""
     if not deletions:
         return []
