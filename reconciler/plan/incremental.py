@@ -168,7 +168,22 @@ class IncrementalPlanner:
         first_seen: Mapping[ObjectKey, int] | None = None,
         now: int | None = None,
     ) -> Plan:
-        """Return what :func:`reconciler.plan.planner.plan` returns for the same arguments."""
+        """Return what :func:`reconciler.plan.planner.plan` returns for the same arguments.
+        Raises what it raises; then every memo is dropped (a half-updated memo is never reused)."""
+        try:
+            return self._plan(desired, actual, capacity, first_seen, now)
+        except BaseException:
+            self.forget()
+            raise
+
+    def _plan(
+        self,
+        desired: DesiredState,
+        actual: ActualState,
+        capacity: Capacity | None,
+        first_seen: Mapping[ObjectKey, int] | None,
+        now: int | None,
+    ) -> Plan:
         if not desired.cluster_valid:  # nothing is planned per object: the full planner's few lines
             self.recomputed = 0
             return full_plan(desired, actual, capacity, first_seen=first_seen, now=now)
@@ -352,7 +367,17 @@ class IncrementalPlanner:
         self, desired: DesiredState, actual: ActualState, plan: Plan, applied: set[ObjectKey] | None = None
     ) -> dict[ObjectKey, ObjectStatus]:
         """Return what :func:`reconciler.plan.assess.assess` returns for the same arguments (new
-        status objects on every call: the caller may amend them)."""
+        status objects on every call: the caller may amend them). Raises what it raises; then
+        every memo is dropped."""
+        try:
+            return self._assess(desired, actual, plan, applied)
+        except BaseException:
+            self.forget()
+            raise
+
+    def _assess(
+        self, desired: DesiredState, actual: ActualState, plan: Plan, applied: set[ObjectKey] | None
+    ) -> dict[ObjectKey, ObjectStatus]:
         keys = desired.keys() | set(actual.models) | {j.key for j in actual.jobs if j.active}
         self._reorder(keys)
         by_key: dict[ObjectKey, list[Action]] = {}

@@ -469,3 +469,28 @@ def test_a_cluster_change_recomputes_everything() -> None:
     got = inc.plan(desired, world.actual(False), now=START)
     assert inc.recomputed == 20
     assert got == plan(desired, world.actual(False), now=START)
+
+
+def test_a_plan_that_raises_midway_leaves_no_half_updated_memo(monkeypatch: Any) -> None:
+    world, loader, inc = _tree(10), IncrementalLoader(), IncrementalPlanner()
+    desired = _desired(world, loader, False)
+    inc.plan(desired, world.actual(False), now=START)
+    world.files["users/user004/models/m1.yaml"] = _document("models", "x", "m1", 3)  # suspended now
+    world.files["users/user009/models/m1.yaml"] = _document("models", "x", "m1", 54)
+    desired = _desired(world, loader, False)
+    real = incremental.model_step
+
+    def flaky(key: ObjectKey, *args: Any) -> Any:
+        if key.user == "user009":
+            raise RuntimeError("boom")
+        return real(key, *args)
+
+    monkeypatch.setattr(incremental, "model_step", flaky)
+    try:
+        inc.plan(desired, world.actual(False), now=START)
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("the step did not raise")
+    monkeypatch.setattr(incremental, "model_step", real)
+    assert inc.plan(desired, world.actual(False), now=START) == plan(desired, world.actual(False), now=START)
