@@ -56,6 +56,8 @@ REBUILD_AT = 64
 
 _MODELS, _TASKS, _ADMITTED, _GUARDED = 0, 1, 2, 3  # where an action comes from, in the full planner's order
 _first = itemgetter(0)
+_NO_ACTIONS: list[Action] = []  # shared, never changed
+_NO_RUNS: list[ActualJob] = []
 
 SortKey = tuple[int, ObjectKey, str, int, int]
 
@@ -119,14 +121,6 @@ def _same_task_spec(new: TaskSpec | None, old: TaskSpec | None) -> bool:
     if new is None or old is None or new != old:
         return False
     return task_spec_hash(new) == task_spec_hash(old)
-
-
-def _copy(status: ObjectStatus) -> ObjectStatus:
-    """A fresh status equal to ``status``: callers amend the statuses they get (apply failures)."""
-    out = ObjectStatus.__new__(ObjectStatus)
-    out.__dict__.update(status.__dict__)
-    out.runs = list(status.runs)
-    return out
 
 
 class IncrementalPlanner:
@@ -387,34 +381,37 @@ class IncrementalPlanner:
         stopping, memo = actual.stopping, self._statuses
         self.reassessed = 0
         out: dict[ObjectKey, ObjectStatus] = {}
+        # Bound lookups: this loop runs once per object on every tick.
+        models, tasks, invalid = desired.models.get, desired.tasks.get, desired.invalid
+        live_of, runs_of, actions_of = actual.models.get, runs.get, by_key.get
+        seen_of, preempted_of, memo_of = plan.first_seen.get, actual.preempted.get, memo.get
+        blank = ObjectStatus.__new__
         for key in self._status_order:
-            actions = by_key.get(key, [])
+            actions = actions_of(key, _NO_ACTIONS)
             done = applied is None or key in applied
-            model, task = desired.models.get(key), desired.tasks.get(key)
-            spec = model if key.kind == "model" else task
-            other = task if key.kind == "model" else model  # read by the sync of a model (or task) of that key
+            model, task = models(key), tasks(key)
             if key.kind == "model":
-                state: Any = actual.models.get(key)
-                jobs: list[ActualJob] = []
+                spec: ModelSpec | TaskSpec | None = model
+                other: ModelSpec | TaskSpec | None = task  # read by _sync when the model has no spec
+                state: Any = live_of(key)
+                jobs: list[ActualJob] = _NO_RUNS
             else:
-                jobs = runs.get(key, [])
+                spec, other = task, model
+                jobs = runs_of(key, _NO_RUNS)
                 state = frozenset(j.submission_id for j in jobs if j.submission_id in stopping) if stopping else ()
-            inputs = (
-                other,
-                key in desired.invalid,
-                state,
-                jobs,
-                actions,
-                done,
-                plan.first_seen.get(key),
-                actual.preempted.get(key),
-            )
-            entry = memo.get(key)
-            if entry is None or not self._same_status_inputs(entry, spec, inputs):
+            inputs = (other, key in invalid, state, jobs, actions, done, seen_of(key), preempted_of(key))
+            entry = memo_of(key)
+            if entry is None or not (
+                (spec is entry.spec and inputs == entry.inputs) or self._same_status_inputs(entry, spec, inputs)
+            ):
                 self.reassessed += 1
                 entry = _StatusEntry(inputs, spec, object_status(key, desired, actual, actions, done, jobs, plan))
                 memo[key] = entry
-            out[key] = _copy(entry.status)
+            # A fresh copy: callers amend statuses (an apply that failed).
+            status = blank(ObjectStatus)
+            status.__dict__.update(entry.status.__dict__)
+            status.runs = entry.status.runs[:]
+            out[key] = status
         return out
 
     @staticmethod
