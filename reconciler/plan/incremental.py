@@ -56,8 +56,6 @@ REBUILD_AT = 64
 
 _MODELS, _TASKS, _ADMITTED, _GUARDED = 0, 1, 2, 3  # where an action comes from, in the full planner's order
 _first = itemgetter(0)
-_NO_ACTIONS: list[Action] = []  # shared, never changed
-_NO_RUNS: list[ActualJob] = []
 
 SortKey = tuple[int, ObjectKey, str, int, int]
 
@@ -86,11 +84,33 @@ class _TaskEntry:
     step: Step
 
 
-@dataclass(eq=False)
-class _StatusEntry:
-    inputs: tuple[Any, ...]
-    spec: ModelSpec | TaskSpec | None
-    status: ObjectStatus
+@dataclass(frozen=True)
+class _Seen:
+    """What the last assessment read, per source (shallow copies: callers change their dicts)."""
+
+    models: dict[ObjectKey, ModelSpec]
+    tasks: dict[ObjectKey, TaskSpec]
+    invalid: frozenset[ObjectKey]
+    live: dict[ObjectKey, ActualModel]
+    runs: dict[ObjectKey, list[ActualJob]]
+    stopping: frozenset[str]
+    actions: dict[ObjectKey, list[Action]]
+    done: frozenset[ObjectKey]
+    first_seen: dict[ObjectKey, int]
+    preempted: dict[ObjectKey, ObjectKey]
+
+
+def _moved(new: Mapping[ObjectKey, Any], old: Mapping[ObjectKey, Any], *, same_object: bool = False) -> set[ObjectKey]:
+    """Keys whose value differs between ``new`` and ``old`` (present in one only included).
+    ``same_object``: only the very object counts as unchanged (specs: ``==`` takes 1 for true)."""
+    if same_object:
+        out = {k for k, v in new.items() if old.get(k) is not v}
+    elif new == old:  # in C, each value by identity first: the common case costs little
+        return set()
+    else:
+        out = {k for k, v in new.items() if k not in old or old[k] != v}
+    out.update(old.keys() - new.keys())
+    return out
 
 
 class _Asking:
@@ -147,7 +167,8 @@ class IncrementalPlanner:
         self._waiting: tuple[set[ObjectKey], set[ObjectKey]] = (set(), set())  # candidates (models, tasks)
         self._deleting: tuple[set[ObjectKey], set[ObjectKey]] = (set(), set())
         self._busy: tuple[set[ObjectKey], set[ObjectKey]] = (set(), set())
-        self._statuses: dict[ObjectKey, _StatusEntry] = {}
+        self._statuses: dict[ObjectKey, ObjectStatus] = {}
+        self._seen: _Seen | None = None
         self._status_order: list[ObjectKey] = []
         self._status_keys: set[ObjectKey] = set()
 
@@ -378,51 +399,50 @@ class IncrementalPlanner:
         for action in plan.actions:
             by_key.setdefault(action.key, []).append(action)
         runs = runs_by_key(actual)
-        stopping, memo = actual.stopping, self._statuses
+        seen = _Seen(
+            dict(desired.models),
+            dict(desired.tasks),
+            frozenset(desired.invalid),
+            dict(actual.models),
+            runs,
+            actual.stopping,
+            by_key,
+            frozenset(keys if applied is None else keys & applied),
+            dict(plan.first_seen),
+            dict(actual.preempted),
+        )
+        last, self._seen = self._seen, seen
+        memo = self._statuses
+        if last is None:
+            dirty = set(keys)
+        else:
+            # Everything a status reads (object_status), source by source: only these keys change.
+            dirty = _moved(seen.models, last.models, same_object=True)
+            dirty |= _moved(seen.tasks, last.tasks, same_object=True)
+            dirty |= seen.invalid ^ last.invalid
+            dirty |= _moved(seen.live, last.live)
+            dirty |= _moved(seen.runs, last.runs)
+            if seen.stopping != last.stopping:
+                dirty |= seen.runs.keys() | last.runs.keys()
+            dirty |= _moved(seen.actions, last.actions)
+            dirty |= seen.done ^ last.done
+            dirty |= _moved(seen.first_seen, last.first_seen)
+            dirty |= _moved(seen.preempted, last.preempted)
+            dirty |= keys - memo.keys()
         self.reassessed = 0
+        for key in dirty & keys:
+            self.reassessed += 1
+            done = key in seen.done
+            memo[key] = object_status(key, desired, actual, by_key.get(key, []), done, runs.get(key, []), plan)
         out: dict[ObjectKey, ObjectStatus] = {}
-        # Bound lookups: this loop runs once per object on every tick.
-        models, tasks, invalid = desired.models.get, desired.tasks.get, desired.invalid
-        live_of, runs_of, actions_of = actual.models.get, runs.get, by_key.get
-        seen_of, preempted_of, memo_of = plan.first_seen.get, actual.preempted.get, memo.get
         blank = ObjectStatus.__new__
         for key in self._status_order:
-            actions = actions_of(key, _NO_ACTIONS)
-            done = applied is None or key in applied
-            model, task = models(key), tasks(key)
-            if key.kind == "model":
-                spec: ModelSpec | TaskSpec | None = model
-                other: ModelSpec | TaskSpec | None = task  # read by _sync when the model has no spec
-                state: Any = live_of(key)
-                jobs: list[ActualJob] = _NO_RUNS
-            else:
-                spec, other = task, model
-                jobs = runs_of(key, _NO_RUNS)
-                state = frozenset(j.submission_id for j in jobs if j.submission_id in stopping) if stopping else ()
-            inputs = (other, key in invalid, state, jobs, actions, done, seen_of(key), preempted_of(key))
-            entry = memo_of(key)
-            if entry is None or not (
-                (spec is entry.spec and inputs == entry.inputs) or self._same_status_inputs(entry, spec, inputs)
-            ):
-                self.reassessed += 1
-                entry = _StatusEntry(inputs, spec, object_status(key, desired, actual, actions, done, jobs, plan))
-                memo[key] = entry
             # A fresh copy: callers amend statuses (an apply that failed).
-            status = blank(ObjectStatus)
-            status.__dict__.update(entry.status.__dict__)
-            status.runs = entry.status.runs[:]
+            status, kept = blank(ObjectStatus), memo[key]
+            status.__dict__.update(kept.__dict__)
+            status.runs = kept.runs[:]
             out[key] = status
         return out
-
-    @staticmethod
-    def _same_status_inputs(entry: _StatusEntry, spec: ModelSpec | TaskSpec | None, inputs: tuple[Any, ...]) -> bool:
-        if inputs != entry.inputs:  # element by element, each by identity first (in C)
-            return False
-        if spec is entry.spec:
-            return True
-        if isinstance(spec, TaskSpec) and isinstance(entry.spec, TaskSpec):
-            return _same_task_spec(spec, entry.spec)
-        return spec == entry.spec and type(spec) is type(entry.spec)
 
     def _reorder(self, keys: set[ObjectKey]) -> None:
         """Keep the status keys sorted (the full assessment's order) and drop the memos of keys gone."""
