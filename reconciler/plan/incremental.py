@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from reconciler.plan.actions import ORDER, Action, Plan
+from reconciler.plan.actions import Action, Plan
 from reconciler.plan.actual import ActualJob, ActualModel, ActualState, Capacity
 from reconciler.plan.admission import Candidate, admit
 from reconciler.plan.assess import ObjectStatus, object_status
@@ -63,7 +63,7 @@ SortKey = tuple[int, ObjectKey, str, int, int]
 def _sort_key(action: Action, phase: int, index: int) -> SortKey:
     """The plan's sort order (:attr:`Action.sort_key`), ties broken as the full planner's stable
     sort breaks them: by where the action comes from, then by its place there."""
-    return (ORDER[action.type], action.key, action.submission_id or "", phase, index)
+    return (*action.sort_key, phase, index)
 
 
 @dataclass(eq=False)
