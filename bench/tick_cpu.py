@@ -97,7 +97,7 @@ def measure(root: Path, objects: int, pushes: int, profile: bool) -> dict[str, f
         a = cpu_seconds()
         revision = parts.revisions.read(fetch=False)
         b = cpu_seconds()
-        result, daemon.memory = tick(revision, parts.observe(revision), daemon.memory, parts.applier, parts.record_runs)
+        result, daemon.memory = tick(parts, revision, parts.observe(revision), daemon.memory)
         c = cpu_seconds()
         daemon.reporter.report(result)
         d = cpu_seconds()

@@ -193,7 +193,7 @@ class Daemon:
                 self._last_fetch = started
                 parts.source.fetch()
             revision = parts.revisions.read(fetch=False)
-            result, self.memory = tick(revision, parts.observe(revision), self.memory, parts.applier, parts.record_runs)
+            result, self.memory = tick(parts, revision, parts.observe(revision), self.memory)
         except SourceUnavailable as exc:
             self.reporter.source_error(self._fail("source", str(exc)))
             return self._delay(exc, floor=self.observe_interval)
