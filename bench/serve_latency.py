@@ -5,7 +5,7 @@ starts with :func:`reconciler.testing.ray_head.start_head` and stops at the end,
 random-weight Llama generated into a temporary Hugging Face cache.
 
 (a) **commit -> RUNNING**: one tiny model through the reconciler (a commit pushed to a bare
-    repository, then :class:`reconciler.tick.Reconciler` ticks in-process every ``--poll`` s
+    repository, then :func:`reconciler.tick.tick` runs in-process every ``--poll`` s
     until it reports the model RUNNING) versus a direct ``PUT /api/serve/applications/`` of the
     same Serve config (the builder's model application plus the router), then ``GET`` every
     ``--poll`` s until the application is RUNNING. Runs alternate (reconciler, direct, ...),
@@ -143,7 +143,7 @@ def cpus_free(dash: Dashboard, total: float) -> bool:
 class Bench:
     def __init__(self, head: Any, hf_cache: Path, root: Path, poll: float) -> None:
         from reconciler.source.remote import open_source
-        from reconciler.tick import Reconciler
+        from tests.support import ticker
 
         self.head, self.poll = head, poll
         self.dash = Dashboard(head.dashboard_url)
@@ -160,7 +160,7 @@ class Bench:
             },
         )
         self.repo.commit_push("cluster")
-        self.reconciler = Reconciler(open_source(str(self.repo.bare), str(root / "cache")), "main", self.dash)
+        self.reconciler = ticker(open_source(str(self.repo.bare), str(root / "cache")), "main", self.dash)
         self.total_cpus = observe_capacity(self.dash).total.get("CPU", 0.0)
 
     # -- through the reconciler -------------------------------------------------------------
@@ -216,7 +216,9 @@ class Bench:
 
     # -- direct PUT -------------------------------------------------------------------------
     def put(self, apps: list[dict[str, Any]]) -> None:
-        self.dash.put(SERVE_APPS_PATH, serve_config(apps, self.reconciler.load(fetch=False)[0].cluster))
+        self.dash.put(
+            SERVE_APPS_PATH, serve_config(apps, self.reconciler.parts.revisions.read(fetch=False).desired.cluster)
+        )
 
     def direct_deploy(self, body_apps: list[dict[str, Any]], app: str) -> float:
         start = time.monotonic()
@@ -236,14 +238,14 @@ class Bench:
         time.sleep(SETTLE_S)
 
     def spec(self, name: str) -> ModelSpec:
-        desired = self.reconciler.load(fetch=False)[0]
+        desired = self.reconciler.parts.revisions.read(fetch=False).desired
         return desired.models[ObjectKey(USER, "model", name)]
 
 
 def part_a(b: Bench, runs: int) -> dict[str, list[float]]:
     log("(a) warm-up: router + one model through the reconciler (not measured)")
     b.add_models("tiny")
-    cluster = b.reconciler.load(fetch=False)[0].cluster
+    cluster = b.reconciler.parts.revisions.read(fetch=False).desired.cluster
     spec = b.spec("tiny")
     assert spec.source_path
     model_app = model_app_config(spec, cluster, spec.source_path, model_spec_hash(spec, cluster))
@@ -310,7 +312,7 @@ def part_b(b: Bench) -> dict[str, dict[str, Any]]:
 
     out["ours (one app per model)"] = change_with_client(b, sa.served_name, others, add_c_ours)
     sc = b.spec("c")
-    cluster = b.reconciler.load(fetch=False)[0].cluster
+    cluster = b.reconciler.parts.revisions.read(fetch=False).desired.cluster
     b.delete_models("a", "b", "c")
     b.put([])  # the single app needs the "/" route the router holds
     wait(lambda: not observe_serve(b.dash).statuses, "no applications left", b.poll)

@@ -31,11 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+from reconciler.daemon import build_parts  # noqa: E402
 from reconciler.loop import Daemon  # noqa: E402
 from reconciler.server import Metrics  # noqa: E402
 from reconciler.source.remote import open_source  # noqa: E402
 from reconciler.status.writer import StatusWriter  # noqa: E402
-from reconciler.tick import Reconciler  # noqa: E402
+from reconciler.tick import tick  # noqa: E402
 from tests.support import ConfigRepo, add_suspended_objects, cluster_yaml  # noqa: E402
 from tests.unit.fake_ray import FakeRay  # noqa: E402
 
@@ -62,7 +63,7 @@ def measure(root: Path, objects: int, pushes: int, profile: bool) -> dict[str, f
     repo = make_repo(root, objects)
     made = time.perf_counter() - t0
     source = open_source(str(repo.bare), str(root / "cache"))
-    reconciler = Reconciler(
+    parts = build_parts(
         source,
         "main",
         FakeRay(gpus=64),
@@ -71,7 +72,8 @@ def measure(root: Path, objects: int, pushes: int, profile: bool) -> dict[str, f
         model_check=lambda m, c: [],
         state_dir=str(root / "state"),
     )
-    daemon = Daemon(reconciler, StatusWriter(source), metrics=Metrics())
+    daemon = Daemon(parts, StatusWriter(source), metrics=Metrics())
+    parts = daemon.parts  # with the status writer's records
     start = cpu_seconds()
     assert daemon.run_once() == 0.0, daemon.last_error or daemon.tick_exception
     first = cpu_seconds() - start
@@ -83,15 +85,15 @@ def measure(root: Path, objects: int, pushes: int, profile: bool) -> dict[str, f
         if prof:
             prof.enable()
         a = cpu_seconds()
-        desired, revision, _commit_time = reconciler.load(fetch=False)
+        revision = parts.revisions.read(fetch=False)
         b = cpu_seconds()
-        result = reconciler.tick(desired, revision)
+        result, daemon.memory = tick(revision, parts.observe(revision), daemon.memory, parts.applier, parts.record_runs)
         c = cpu_seconds()
         daemon.reporter.report(result)
         d = cpu_seconds()
         if prof:
             prof.disable()
-        assert any(f"-t{i:03d}-" in sid for sid in reconciler.dash.jobs), "the pushed task was not submitted"  # type: ignore[attr-defined]
+        assert any(f"-t{i:03d}-" in sid for sid in parts.dash.jobs), "the pushed task was not submitted"  # type: ignore[attr-defined]
         loads.append(b - a)
         ticks.append(c - b)
         reports.append(d - c)

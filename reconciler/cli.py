@@ -303,11 +303,11 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     # One tick is the only mode (the daemon is `argus run`); --once is accepted for old scripts.
     _signing(args)  # a configuration error is reported before anything is read
     source = open_source(args.repo, args.cache_dir)
-    reconciler = _reconciler(args, source)
-    result = reconciler.tick()
+    parts = _parts(args, source)
+    result, _memory = parts.run()  # one tick, as a fresh daemon makes it
     if args.format == "json":
         out = result.to_json()
-        _attach_log_tails(reconciler.dash, out["objects"])
+        _attach_log_tails(parts.dash, out["objects"])
         print(json.dumps(out, indent=2))
     else:
         sys.stdout.write(render.text(result.plan, []))
@@ -335,17 +335,17 @@ def _attach_log_tails(dash: Dashboard, objects: list[dict[str, Any]]) -> None:
                     run["log_tail"] = job_log_tail(dash, run["submission_id"])
 
 
-def _daemon_pages(args: argparse.Namespace, reconciler: Any) -> PageHandler | None:
+def _daemon_pages(args: argparse.Namespace, parts: Any) -> PageHandler | None:
     """The status pages and API for ``argus run``: the status branch, and logs read from Ray for the
     objects' own runs, redacted with every secret the daemon holds."""
     from reconciler.web.app import daemon_pages
 
     return daemon_pages(
-        reconciler.source.repo.path,
+        parts.source.repo.path,
         args.status_branch,
-        reconciler.dash,
-        secret_values=[*reconciler.secrets_env.values(), os.environ.get("ARGUS_WEBHOOK_SECRET")],
-        ownership_key=reconciler.ownership_key,
+        parts.dash,
+        secret_values=[*parts.secrets_env.values(), os.environ.get("ARGUS_WEBHOOK_SECRET")],
+        ownership_key=parts.ownership_key,
         endpoint=args.endpoint,
     )
 
@@ -369,12 +369,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     logging.getLogger("watchfiles").setLevel(logging.WARNING)  # it logs every batch of changes
     _signing(args)
     source = open_source(args.repo, args.cache_dir)
-    reconciler = _reconciler(args, source)
-    redactor = Redactor([*reconciler.secrets_env.values(), os.environ.get("ARGUS_WEBHOOK_SECRET")])
+    parts = _parts(args, source)
+    redactor = Redactor([*parts.secrets_env.values(), os.environ.get("ARGUS_WEBHOOK_SECRET")])
     formatter.redact = redactor
     writer = StatusWriter(source, args.status_branch, endpoint=args.endpoint, redact=redactor)
     daemon = Daemon(
-        reconciler,
+        parts,
         writer,
         observe_interval=args.observe_interval,
         fetch_interval=args.fetch_interval,
@@ -384,7 +384,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         redact=redactor,
         background_status=True,
     )
-    pages = _daemon_pages(args, reconciler)
+    pages = _daemon_pages(args, parts)
     servers = []
     try:
         # The webhook address serves the pages too, unless they have an address of their own.
@@ -925,13 +925,13 @@ def _signing(args: argparse.Namespace) -> SigningPolicy:
     return policy
 
 
-def _reconciler(args: argparse.Namespace, source: Any) -> Any:
+def _parts(args: argparse.Namespace, source: Any) -> Any:
     from reconciler.apply.ownership import load_or_create_key
-    from reconciler.tick import Reconciler
+    from reconciler.daemon import build_parts
 
     signing = _signing(args)
     state_dir = os.path.join(args.cache_dir, "state")
-    return Reconciler(
+    return build_parts(
         source,
         args.branch,
         Dashboard(args.ray),

@@ -16,17 +16,19 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from reconciler.backoff import Backoff
 from reconciler.errors import RayUnavailable, SourceUnavailable, TemporaryError
+from reconciler.plan.memory import Memory
 from reconciler.redact import Redactor
 from reconciler.report import Reporter
 from reconciler.server import Metrics
 from reconciler.status.auth import status_key
 from reconciler.status.lease import Lease
 from reconciler.status.writer import StatusWriter, default_redaction
-from reconciler.tick import Reconciler
+from reconciler.tick import Parts, tick
 
 log = logging.getLogger("argus")
 MAX_BACKOFF_S = 60.0
@@ -41,7 +43,7 @@ class Daemon:
 
     def __init__(
         self,
-        reconciler: Reconciler,
+        parts: Parts,
         writer: StatusWriter,
         *,
         observe_interval: float = 5.0,
@@ -51,37 +53,36 @@ class Daemon:
         redact: Callable[[str], str] | None = None,
         background_status: bool = False,
     ) -> None:
-        self.reconciler = reconciler
         self.writer = writer
         self.observe_interval = observe_interval
         self.fetch_interval = fetch_interval
         self.metrics = metrics or Metrics()
         self.lease = lease
         # What the daemon passes to jobs as secrets never reaches git or the logs.
-        self.redact = redact or Redactor(reconciler.secrets_env.values())
+        self.redact = redact or Redactor(parts.secrets_env.values())
         if writer.redact is default_redaction:
             writer.redact = self.redact
         self.reporter = Reporter(
-            reconciler.dash,
+            parts.dash,
             writer,
             self.metrics,
             redact=self.redact,
-            secret_names=tuple(sorted(reconciler.secrets_env)),
+            secret_names=tuple(sorted(parts.secrets_env)),
         )
         if background_status:
             self.reporter.start()
         # The status branch is the durable record of runs: read them from it, and record a
         # run there before submitting it (reconciler/tick.py, "Exactly once").
-        reconciler.status_docs = writer.documents
-        reconciler.record_runs = writer.record_runs
+        self.parts = replace(parts, status_docs=writer.documents, record_runs=writer.record_runs)
+        self.memory = Memory()  # what each tick hands the next
         # Only records argus authenticated are read back: its status commits, notes and lease
         # (reconciler/status/auth.py), anchored in the state folder (reconciler/status/trust.py).
-        key = status_key(reconciler.ownership_key)
+        key = status_key(parts.ownership_key)
         if writer.auth_key is None:
             writer.auth_key = key
-        if writer.anchor_file is None and reconciler.state_dir:
-            digest = hashlib.sha256(f"{reconciler.source.url}\0{writer.branch}".encode()).hexdigest()[:16]
-            writer.anchor_file = os.path.join(reconciler.state_dir, f"status-{digest}.json")
+        if writer.anchor_file is None and parts.state_dir:
+            digest = hashlib.sha256(f"{parts.source.url}\0{writer.branch}".encode()).hexdigest()[:16]
+            writer.anchor_file = os.path.join(parts.state_dir, f"status-{digest}.json")
         if lease is not None and lease.key is None:
             lease.key = key
         self.wake = threading.Event()
@@ -96,7 +97,7 @@ class Daemon:
 
     def on_push(self, ref: str | None) -> bool:
         """Webhook/watch trigger. Returns whether ``ref`` is the tracked branch (None = unknown)."""
-        if ref is not None and ref != f"refs/heads/{self.reconciler.branch}":
+        if ref is not None and ref != f"refs/heads/{self.parts.branch}":
             return False
         self._last_fetch = 0.0
         self.wake.set()
@@ -129,13 +130,13 @@ class Daemon:
 
     def watch_local(self) -> threading.Thread | None:
         """Watch a local repository's branch refs with watchfiles, so a push ticks at once."""
-        if not self.reconciler.source.local:
+        if not self.parts.source.local:
             return None
         import watchfiles
 
         from reconciler import git
 
-        git_dir = git.text(self.reconciler.source.repo.path, "rev-parse", "--absolute-git-dir")
+        git_dir = git.text(self.parts.source.repo.path, "rev-parse", "--absolute-git-dir")
         status_ref = f"refs/heads/{self.writer.branch}"
 
         def relevant(change: watchfiles.Change, path: str) -> bool:
@@ -161,8 +162,9 @@ class Daemon:
             self.wake.clear()
             if self.stop.is_set():
                 break
-            if not pushed:
-                self.reconciler.refresh_fs()  # timer ticks re-check the file system; pushes reuse it
+            if not pushed:  # timer ticks re-check the file system and capacity; pushes reuse them
+                self.parts.revisions.refresh_fs()
+                self.parts.observer.forget_capacity()
             backoff = self.run_once()
 
     def run_once(self) -> float:
@@ -179,14 +181,14 @@ class Daemon:
             # A standby daemon polls at a steady pace (not a back-off): it takes over as soon as
             # the holder's lease expires.
             return min(MAX_BACKOFF_S, max(self.observe_interval, LEASE_POLL_S))
-        fetch = not self.reconciler.source.local and started - self._last_fetch >= self.fetch_interval
+        parts = self.parts
+        fetch = not parts.source.local and started - self._last_fetch >= self.fetch_interval
         try:
-            if fetch or self.reconciler.source.local:
+            if fetch or parts.source.local:
                 self._last_fetch = started
-                self.reconciler.source.fetch()
-            desired, revision, commit_time = self.reconciler.load(fetch=False)
-            result = self.reconciler.tick(desired, revision)
-            result.commit_time = commit_time
+                parts.source.fetch()
+            revision = parts.revisions.read(fetch=False)
+            result, self.memory = tick(revision, parts.observe(revision), self.memory, parts.applier, parts.record_runs)
         except SourceUnavailable as exc:
             self.reporter.source_error(self._fail("source", str(exc)))
             return self._delay(exc, floor=self.observe_interval)

@@ -17,6 +17,7 @@ from reconciler.spec.types import ObjectKey, TaskSpec
 
 if TYPE_CHECKING:
     from reconciler.dashboard import Dashboard
+    from reconciler.tick import Parts, TickResult
 
 # float32: vLLM CPU picks its kernels by processor for bfloat16 (AMX tiles on Intel Xeons that have
 # them, AVX512-BF16 elsewhere, emulation without either); float32 runs the same AVX kernels on every
@@ -266,3 +267,35 @@ class ArgusRun:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class Ticker:
+    """Ticks as the daemon's loop does, in a test: the parts (``reconciler.daemon.build_parts``)
+    and the memory each tick hands the next."""
+
+    def __init__(self, parts: Parts) -> None:
+        from reconciler.plan.memory import Memory
+
+        self.parts = parts
+        self.memory = Memory()
+
+    def tick(self, commit: str | None = None, *, fetch: bool = True) -> TickResult:
+        """One tick of the branch head (or ``commit``). Returns its result."""
+        result, self.memory = self.parts.run(self.memory, commit, fetch=fetch)
+        return result
+
+    def timer(self) -> None:
+        """What the loop does before a timer tick: file-system answers and capacity observed afresh."""
+        self.parts.revisions.refresh_fs()
+        self.parts.observer.forget_capacity()
+
+    @property
+    def first_seen(self) -> Mapping[ObjectKey, int]:
+        return self.memory.order.first_seen
+
+
+def ticker(source: Any, branch: str, dash: Any, **options: Any) -> Ticker:
+    """A :class:`Ticker` of ``build_parts(source, branch, dash, **options)``."""
+    from reconciler.daemon import build_parts
+
+    return Ticker(build_parts(source, branch, dash, **options))

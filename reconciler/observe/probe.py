@@ -143,6 +143,10 @@ class ModelProber:
         self._out: dict[str, tuple[tuple[str, ...], float, Future[tuple[bool | None, str] | None]]] = {}
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="argus-probe")
 
+    def size(self) -> int:
+        """How many verdicts and requests out are kept (one per model Serve runs, at most)."""
+        return len(self._verdicts) + len(self._out)
+
     def close(self) -> None:
         """Stop taking requests; requests out finish in the background."""
         self._pool.shutdown(wait=False, cancel_futures=True)

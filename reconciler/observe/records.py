@@ -34,6 +34,10 @@ class StatusRecords:
 
     _readings: dict[str, _Reading] = field(default_factory=dict)
 
+    def size(self) -> int:
+        """How many documents' readings are kept."""
+        return len(self._readings)
+
     def read(
         self,
         docs: Mapping[str, Mapping[str, Any]],

@@ -224,8 +224,7 @@ def test_forged_job_is_foreign_and_feeds_no_model(dash: Dashboard, cluster: Clus
     from reconciler.plan.actions import ActionType
     from reconciler.source.localfs import LocalFS
     from reconciler.source.remote import open_source
-    from reconciler.tick import Reconciler
-    from tests.support import ConfigRepo, cluster_yaml
+    from tests.support import ConfigRepo, cluster_yaml, ticker
 
     users = Path(cluster.paths.users)
     stolen = users / "bob" / "jobs" / "x" / "checkpoints" / "final"
@@ -237,9 +236,10 @@ def test_forged_job_is_foreign_and_feeds_no_model(dash: Dashboard, cluster: Clus
     repo.write("users/alice/tasks/forged.yaml", {"kind": "Task", "workload": "command", "command": "true"})
     repo.write("users/alice/models/chat.yaml", {"kind": "Model", "source": "task:forged"})
     repo.commit_push("alice: a task and its model")
-    reconciler = Reconciler(open_source(str(repo.bare), str(tmp_path / "cache")), "main", dash, ownership_key=KEY)
-    reconciler.fs = LocalFS()
-    desired, _rev, _t = reconciler.load()
+    reconciler = ticker(
+        open_source(str(repo.bare), str(tmp_path / "cache")), "main", dash, ownership_key=KEY, fs=LocalFS()
+    )
+    desired = reconciler.parts.revisions.read().desired
     task = desired.tasks[ObjectKey("alice", "task", "forged")]
     sid = submission_id(task)
     forged_meta = {

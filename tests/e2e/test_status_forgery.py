@@ -1,6 +1,6 @@
 """argus's own records, forged from the repository, change nothing that runs (issue 18, item 1).
 
-A real Ray head, the real ``Daemon`` (``Reconciler``, ``StatusWriter``, ``Lease``) driven tick
+A real Ray head, the real ``Daemon`` (its tick parts, ``StatusWriter``, ``Lease``) driven tick
 by tick, and a plain ``file://`` remote: a bare repository without hooks, which accepts any
 push from anyone. An ordinary user (vera) pushes what the review did: a status commit recording
 another user's (wade's) task SUCCEEDED before it ran, a ``first_seen`` that puts her task first
@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from reconciler.apply.jobs import stop_job
+from reconciler.daemon import build_parts
 from reconciler.dashboard import Dashboard
 from reconciler.loop import Daemon
 from reconciler.server import Metrics
@@ -31,7 +32,6 @@ from reconciler.status.branch import read_documents
 from reconciler.status.lease import LEASE_REF, Lease
 from reconciler.status.writer import StatusWriter
 from reconciler.testing.ray_head import RayHead
-from reconciler.tick import Reconciler
 from tests.support import ConfigRepo, cluster_yaml, git, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -51,10 +51,10 @@ class Env:
     def start(self) -> Daemon:
         """A (re)started daemon: new objects, the same cache and state folders (as ``argus run``)."""
         source = open_source(self.url, str(self.root / "cache"))
-        reconciler = Reconciler(source, "main", self.dash, secrets_env={}, state_dir=str(self.root / "state"))
+        parts = build_parts(source, "main", self.dash, secrets_env={}, state_dir=str(self.root / "state"))
         writer = StatusWriter(source, STATUS)
         self.daemon = Daemon(
-            reconciler, writer, lease=Lease(source, "argus-1", ttl=30), observe_interval=1, metrics=Metrics()
+            parts, writer, lease=Lease(source, "argus-1", ttl=30), observe_interval=1, metrics=Metrics()
         )
         return self.daemon
 
@@ -140,7 +140,7 @@ def test_a_forged_succeeded_record_does_not_stop_the_task(env: Env) -> None:
     env.repo.commit_push("wade: train")
     # vera computes wade's run from the public file and records it SUCCEEDED before argus sees it.
     assert env.daemon is not None
-    desired, _rev, _t = env.daemon.reconciler.load()
+    desired = env.daemon.parts.revisions.read().desired
     task = desired.tasks[ObjectKey("wade", "task", "train")]
     sid, digest = submission_id(task), task_spec_hash(task)
     record = {"submission_id": sid, "spec_hash": digest, "status": "SUCCEEDED", "end_time": 1}
@@ -176,7 +176,7 @@ def test_a_forged_first_seen_does_not_jump_the_queue(env: Env) -> None:
     env.start()  # a restart seeds the admission order from the status branch
     env.tick()
     assert env.daemon is not None
-    assert env.daemon.reconciler.first_seen[ObjectKey("vera", "task", "jump")] > 946684800
+    assert env.daemon.memory.order.first_seen[ObjectKey("vera", "task", "jump")] > 946684800
     until(env, lambda: bool(jobs(env.dash, "wade", "next")), "wade's next submitted")
     assert not any(j["status"] in ACTIVE for j in jobs(env.dash, "vera", "jump")), "vera's task went first"
     assert any(forged[:12] in a for a in integrity(env))

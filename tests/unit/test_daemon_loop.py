@@ -14,14 +14,15 @@ from typing import Any
 import pytest
 import yaml
 
-from reconciler import tick as tick_module
+from reconciler import loop as loop_module
+from reconciler.daemon import build_parts
 from reconciler.loop import Daemon
+from reconciler.observe import observer as observer_module
 from reconciler.server import Metrics
 from reconciler.source.remote import open_source
 from reconciler.status.branch import read_documents
 from reconciler.status.lease import Lease
 from reconciler.status.writer import StatusReport, StatusWriter
-from reconciler.tick import Reconciler
 from tests.support import ConfigRepo, cluster_yaml, git
 from tests.unit.fake_ray import FakeRay
 from tests.unit.test_fuzz_ticks import AllowAll
@@ -41,9 +42,9 @@ def _daemon(
     repo: ConfigRepo, ray: FakeRay, *, lease: Lease | None = None, background: bool = False, **kw: Any
 ) -> Daemon:
     source = open_source(str(repo.bare), str(repo.bare) + "-cache")
-    reconciler = Reconciler(source, "main", ray, fs=AllowAll(), secrets_env={}, task_check=lambda t, c: [])
+    parts = build_parts(source, "main", ray, fs=AllowAll(), secrets_env={}, task_check=lambda t, c: [])
     writer = StatusWriter(source)
-    return Daemon(reconciler, writer, lease=lease, background_status=background, metrics=Metrics(), **kw)
+    return Daemon(parts, writer, lease=lease, background_status=background, metrics=Metrics(), **kw)
 
 
 def _readme(repo: ConfigRepo) -> str:
@@ -63,7 +64,7 @@ def test_an_unexpected_exception_is_logged_once_counted_shown_and_retried(
 
     # The observation step is not per object: an exception there is the loop's to contain.
     # (Serve is observed on every tick; capacity may be reused from a recent observation.)
-    monkeypatch.setattr(tick_module, "observe_serve", broken)
+    monkeypatch.setattr(observer_module, "observe_serve", broken)
     with caplog.at_level(logging.ERROR, logger="argus"):
         first, second = daemon.run_once(), daemon.run_once()
     assert 0 < first < second  # backs off, and keeps backing off
@@ -91,7 +92,7 @@ def test_run_keeps_going_after_exceptions(tmp_path: Path, monkeypatch: pytest.Mo
         calls.append(1)
         raise ValueError("boom")
 
-    monkeypatch.setattr(daemon.reconciler, "tick", flaky)
+    monkeypatch.setattr(loop_module, "tick", flaky)
     thread = threading.Thread(target=daemon.run)
     thread.start()
     # Wait for the retry itself, not a fixed time: on a loaded machine the first tick starts late.

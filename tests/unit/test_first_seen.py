@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from reconciler import tick as tick_module
+from reconciler.daemon import build_parts
 from reconciler.source.remote import open_source
 from reconciler.spec.types import ObjectKey
 from reconciler.status.writer import StatusWriter
-from reconciler.tick import Reconciler
-from tests.support import ConfigRepo, cluster_yaml
+from tests.support import ConfigRepo, Ticker, cluster_yaml, ticker
 from tests.unit.fake_ray import FakeRay
 from tests.unit.test_fuzz_ticks import AllowAll
 
@@ -36,8 +36,8 @@ def test_a_suspended_placeholder_does_not_keep_a_place_in_line(tmp_path: Path, m
     repo.commit_push("alice: a placeholder")
     source = open_source(str(repo.bare), str(repo.bare) + "-cache")
 
-    def reconciler() -> Reconciler:
-        return Reconciler(source, "main", FakeRay(), fs=AllowAll(), secrets_env={}, task_check=lambda t, c: [])
+    def reconciler() -> Ticker:
+        return ticker(source, "main", FakeRay(), fs=AllowAll(), secrets_env={}, task_check=lambda t, c: [])
 
     r = reconciler()
     r.tick()
@@ -71,17 +71,17 @@ def test_the_order_survives_a_restart_until_the_file_changes(tmp_path: Path, mon
     source = open_source(str(repo.bare), str(repo.bare) + "-cache")
 
     def daemon() -> Daemon:
-        r = Reconciler(source, "main", FakeRay(), fs=AllowAll(), secrets_env={}, task_check=lambda t, c: [])
-        return Daemon(r, StatusWriter(source), metrics=Metrics())
+        parts = build_parts(source, "main", FakeRay(), fs=AllowAll(), secrets_env={}, task_check=lambda t, c: [])
+        return Daemon(parts, StatusWriter(source), metrics=Metrics())
 
     assert daemon().run_once() == 0.0
     clock["now"] += 500
     restarted = daemon()
     assert restarted.run_once() == 0.0
-    assert restarted.reconciler.first_seen[ALICE] == 1_800_000_000  # read back from the status branch
+    assert restarted.memory.order.first_seen[ALICE] == 1_800_000_000  # read back from the status branch
     repo.write("users/alice/tasks/big.yaml", task(8))
     repo.commit_push("alice edits it while the daemon is down")
     clock["now"] += 500
     again = daemon()
     assert again.run_once() == 0.0
-    assert again.reconciler.first_seen[ALICE] == 1_800_001_000
+    assert again.memory.order.first_seen[ALICE] == 1_800_001_000

@@ -9,8 +9,7 @@ from reconciler.plan.actions import ActionType
 from reconciler.source.localfs import LocalFS
 from reconciler.source.remote import open_source
 from reconciler.spec.types import ObjectKey
-from reconciler.tick import Reconciler
-from tests.support import ConfigRepo, cluster_yaml
+from tests.support import ConfigRepo, cluster_yaml, ticker
 from tests.unit.fake_ray import FakeRay
 
 
@@ -32,7 +31,7 @@ def test_a_folder_created_between_pushes_is_seen_at_the_next_refresh(tmp_path: P
     repo.write("cluster.yaml", cluster_yaml(tmp_path / "hf", users, 8000))
     repo.write("users/alice/models/chat.yaml", {"kind": "Model", "source": "$HOME/models/chat"})
     repo.commit_push("alice: chat")
-    reconciler = Reconciler(
+    reconciler = ticker(
         open_source(str(repo.bare), str(tmp_path / "cache")),
         "main",
         FakeRay(),
@@ -44,7 +43,7 @@ def test_a_folder_created_between_pushes_is_seen_at_the_next_refresh(tmp_path: P
     assert key in first.desired.invalid and "does not exist" in str(first.desired.invalid[key][0])
     (users / "alice" / "models" / "chat").mkdir(parents=True)
     assert key in reconciler.tick().desired.invalid  # a push tick reuses what the file system said
-    reconciler.refresh_fs()  # a timer tick
+    reconciler.timer()  # a timer tick
     again = reconciler.tick()
     assert key not in again.desired.invalid
     assert [a.type for a in again.plan.for_key(key)] == [ActionType.DEPLOY_MODEL]
@@ -62,11 +61,11 @@ def test_capacity_is_observed_on_timer_ticks_and_reused_by_pushes(tmp_path: Path
             return super().request(method, path, body, timeout=timeout)
 
     source = open_source(str(repo.bare), str(tmp_path / "cache"))
-    reconciler = Reconciler(source, "main", Counting(gpus=4), secrets_env={}, task_check=lambda t, c: [])
+    reconciler = ticker(source, "main", Counting(gpus=4), secrets_env={}, task_check=lambda t, c: [])
     reconciler.tick()
     reconciler.tick()  # a push soon after: Serve and Jobs again, capacity reused
     assert sum(p == "GET /api/cluster_status" for p in asked) == 1
     assert sum(p == "GET /api/serve/applications/" for p in asked) == 2
-    reconciler.refresh_fs()  # a timer tick observes it again
+    reconciler.timer()  # a timer tick observes it again
     reconciler.tick()
     assert sum(p == "GET /api/cluster_status" for p in asked) == 2

@@ -36,7 +36,8 @@ from reconciler.builders.serve import app_name
 from reconciler.plan.actions import ActionType
 from reconciler.source.remote import open_source
 from reconciler.spec.types import ObjectKey
-from reconciler.tick import Reconciler, TickResult
+from reconciler.tick import TickResult
+from tests.support import ticker
 from tests.unit.fake_ray import FakeRay
 
 DATE = "2026-11-29T12:00:00+00:00"
@@ -216,7 +217,7 @@ def repo() -> Iterator[Repo]:
 def _tick(repo: Repo, branch: str) -> tuple[TickResult, FakeRay]:
     ray = FakeRay(foreign_apps={FOREIGN["name"]: FOREIGN})
     source = open_source(repo.path, repo.path + "-cache")
-    reconciler = Reconciler(source, branch, ray, fs=AllowAll(), secrets_env={}, task_check=lambda t, c: [])
+    reconciler = ticker(source, branch, ray, fs=AllowAll(), secrets_env={}, task_check=lambda t, c: [])
     return reconciler.tick(), ray
 
 

@@ -21,8 +21,7 @@ from reconciler.observe.serve import parse_serve_details, resources_per_replica
 from reconciler.plan.actions import ActionType
 from reconciler.source.remote import open_source
 from reconciler.spec.types import ObjectKey, Paths
-from reconciler.tick import Reconciler
-from tests.support import ConfigRepo, cluster_yaml
+from tests.support import ConfigRepo, Ticker, cluster_yaml, ticker
 from tests.unit.fake_ray import FakeRay
 from tests.unit.test_fuzz_ticks import AllowAll
 
@@ -57,9 +56,9 @@ def _repo(tmp_path: Path, *, mallory_model: bool) -> ConfigRepo:
     return repo
 
 
-def _reconciler(repo: ConfigRepo, ray: FakeRay) -> Reconciler:
+def _reconciler(repo: ConfigRepo, ray: FakeRay) -> Ticker:
     source = open_source(str(repo.bare), str(repo.bare) + "-cache")
-    return Reconciler(source, "main", ray, fs=AllowAll(), secrets_env={}, task_check=lambda t, c: [])
+    return ticker(source, "main", ray, fs=AllowAll(), secrets_env={}, task_check=lambda t, c: [])
 
 
 @pytest.mark.parametrize("case", sorted(MALFORMED_ARGS))

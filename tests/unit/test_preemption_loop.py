@@ -7,12 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from reconciler.daemon import build_parts
 from reconciler.loop import Daemon
 from reconciler.server import Metrics
 from reconciler.source.remote import open_source
 from reconciler.status.branch import read_documents
 from reconciler.status.writer import StatusWriter
-from reconciler.tick import Reconciler
 from tests.support import ConfigRepo, model_yaml, two_teams
 from tests.unit.fake_ray import FakeRay
 from tests.unit.test_fuzz_ticks import AllowAll
@@ -61,8 +61,8 @@ def _alice_borrows(tmp_path: Path) -> tuple[ConfigRepo, LateStop]:
 
 def _daemon(repo: ConfigRepo, ray: FakeRay) -> Daemon:
     source = open_source(str(repo.bare), str(repo.bare) + "-cache")
-    reconciler = Reconciler(source, "main", ray, fs=AllowAll(), secrets_env={}, task_check=lambda t, c: [])
-    return Daemon(reconciler, StatusWriter(source), metrics=Metrics())
+    parts = build_parts(source, "main", ray, fs=AllowAll(), secrets_env={}, task_check=lambda t, c: [])
+    return Daemon(parts, StatusWriter(source), metrics=Metrics())
 
 
 def _reclaim(repo: ConfigRepo, tmp_path: Path) -> None:

@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from reconciler.builders.resolved import FROM_DAEMON, resolved_spec
+from reconciler.daemon import build_parts
 from reconciler.loop import Daemon
 from reconciler.server import Metrics
 from reconciler.source.remote import open_source
 from reconciler.spec.types import ClusterSpec, Serving
 from reconciler.status.branch import read_documents
 from reconciler.status.writer import StatusWriter
-from reconciler.tick import Reconciler
 from tests.support import ConfigRepo, cluster_yaml, git, task_spec
 from tests.unit.fake_ray import FakeRay
 from tests.unit.test_fuzz_ticks import AllowAll
@@ -38,7 +38,7 @@ def test_resolved_task_and_model_say_what_argus_derives(tmp_path: Path) -> None:
     )
     repo.commit_push("alice: a task and a model")
     source = open_source(str(repo.bare), str(repo.bare) + "-cache")
-    reconciler = Reconciler(
+    parts = build_parts(
         source,
         "main",
         FakeRay(),
@@ -46,7 +46,7 @@ def test_resolved_task_and_model_say_what_argus_derives(tmp_path: Path) -> None:
         secrets_env={"WANDB_API_KEY": "wandb-s3cret-value"},
         task_check=lambda t, c: [],
     )
-    daemon = Daemon(reconciler, StatusWriter(source), metrics=Metrics())
+    daemon = Daemon(parts, StatusWriter(source), metrics=Metrics())
     assert daemon.run_once() == 0.0
     docs = read_documents(str(repo.bare), "argus/status")
     task = docs["users/alice/tasks/a.yaml"]["spec"]

@@ -32,7 +32,7 @@ from reconciler.spec.hashing import submission_id, task_spec_hash
 from reconciler.spec.types import ClusterSpec, DesiredState, ModelSpec, ObjectKey, Paths, Training
 from reconciler.status.branch import read_documents
 from reconciler.status.writer import StatusWriter
-from tests.support import git, task_spec
+from tests.support import git, task_spec, ticker
 
 KEY = b"k" * 32
 CAP = Capacity(total={"GPU": 8, "CPU": 64, "worker_node": 4}, available={"GPU": 8, "CPU": 64, "worker_node": 4})
@@ -341,7 +341,6 @@ class FreshHead:
 
 
 def test_no_available_agent_is_retried_with_backoff_and_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from reconciler.tick import Reconciler
     from tests.support import ConfigRepo, cluster_yaml
 
     repo = ConfigRepo(tmp_path)
@@ -350,8 +349,8 @@ def test_no_available_agent_is_retried_with_backoff_and_said(tmp_path: Path, mon
     repo.commit_push("alice: a task")
     head = FreshHead(busy=2)
     clock = [1000.0]
-    monkeypatch.setattr("reconciler.tick.time.monotonic", lambda: clock[0])
-    rec = Reconciler(
+    monkeypatch.setattr("reconciler.apply.applier.time.monotonic", lambda: clock[0])
+    rec = ticker(
         open_source(str(repo.bare), str(tmp_path / "cache")),
         "main",
         head,

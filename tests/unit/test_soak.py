@@ -30,7 +30,7 @@ from reconciler.report import Reporter
 from reconciler.server.metrics import Metrics
 from reconciler.source.remote import open_source
 from reconciler.status.writer import StatusReport
-from reconciler.tick import Reconciler
+from tests.support import Ticker, ticker
 from tests.unit.fake_ray import FakeRay
 from tests.unit.test_fuzz_ticks import AllowAll
 
@@ -133,20 +133,14 @@ def _rss_kb() -> int:
     raise AssertionError("no VmRSS in /proc/self/status")
 
 
-def _memo_sizes(rec: Reconciler, reporter: Reporter) -> dict[str, int]:
+def _memo_sizes(rec: Ticker, reporter: Reporter) -> dict[str, int]:
     return {
-        "refused": len(rec._refused),
-        "retrying": len(rec._retrying),
-        "backoff": len(rec.backoff),
-        "checkpoints": len(rec._checkpoints),
-        "foreign_seen": len(rec._foreign_seen),
-        "first_seen": len(rec.first_seen),
-        "seen_blob": len(rec._seen_blob),
-        "preempted": len(rec._preempted) + len(rec._preempted_runs),
-        "parse_cache": len(rec.cache.entries) + len(rec.cache.built) + len(rec.cache.keys),
-        "loader": len(rec.loader._folders) + len(rec.loader._names),
-        "git_created": len(rec.source.repo._created),
-        "git_sizes": len(rec.source.repo._sizes),
+        **rec.parts.applier.memo_sizes(),
+        **rec.parts.observer.memo_sizes(),
+        **rec.parts.revisions.memo_sizes(),
+        "first_seen": len(rec.memory.order.first_seen),
+        "seen_blob": len(rec.memory.order.seen_blob),
+        "preempted": len(rec.memory.preemptions.by) + len(rec.memory.preemptions.runs),
         "log_tails": len(reporter.log_tails),
         "logged": len(reporter._logged),
         "resolved": len(reporter._resolved),
@@ -170,7 +164,7 @@ def test_two_thousand_ticks_keep_memory_flat(tmp_path: Path) -> None:
     repo, commits = _fast_import(tmp_path, TICKS // TICKS_PER_COMMIT)
     ray = SoakRay()
     source = open_source(repo, str(tmp_path / "cache"))
-    rec = Reconciler(
+    rec = ticker(
         source,
         "main",
         ray,
@@ -189,11 +183,10 @@ def test_two_thousand_ticks_keep_memory_flat(tmp_path: Path) -> None:
     for n in range(1, TICKS + 1):
         index = (n - 1) // TICKS_PER_COMMIT
         ray.advance(index + 1)
-        desired, revision, _ = rec.load(commits[index], fetch=False)
-        result = rec.tick(desired, revision)
+        result = rec.tick(commits[index], fetch=False)
         reporter.report(result)
         if n % 7 == 0:  # a timer tick: the loop forgets file-system answers and capacity
-            rec.refresh_fs()
+            rec.timer()
         sizes = _memo_sizes(rec, reporter)
         peak = {k: max(v, peak.get(k, 0)) for k, v in sizes.items()}
         if n >= warm and n % 50 == 0:
@@ -205,9 +198,10 @@ def test_two_thousand_ticks_keep_memory_flat(tmp_path: Path) -> None:
         assert peak[name] <= live + 2, (name, peak)
     assert peak["checkpoints"] <= KEPT_JOBS + 2 * LIVE_TASKS + 2, peak
     assert peak["log_tails"] <= LIVE_TASKS + 1, peak
-    assert peak["foreign_seen"] <= 10, peak
+    assert peak["foreign_logged"] <= 10 and peak["records"] <= live + 2 and peak["verdicts"] <= LIVE_MODELS, peak
     assert peak["git_created"] <= 2 * live + 1024 + 2 and peak["git_sizes"] <= 4 * live + 1024, peak
     assert peak["parse_cache"] <= 3 * (live + live // 8 + 64) + 2 * live + 1024, peak
-    assert ray.submits > 0 and rec._refused and rec.backoff, "the run exercised refusals and retries"
+    applied = rec.parts.applier.memo_sizes()
+    assert ray.submits > 0 and applied["refused"] and applied["backoff"], "the run exercised refusals and retries"
     first, last = rss[0], max(rss)
     assert last <= first * 1.10, f"RSS grew from {first} kB to {last} kB over {TICKS} ticks ({elapsed:.0f}s): {rss}"

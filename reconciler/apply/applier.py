@@ -1,0 +1,298 @@
+"""Apply one tick's plan: stops, one Serve PUT, submissions. I/O.
+
+:meth:`Applier.apply` returns an :class:`Applied` value: one :class:`~reconciler.plan.outcome.Outcome`
+per object it touched, and what Ray holds now that it did not when the tick observed it. The
+applier owns its requeue memory (controller-runtime's rate limiter): the refusals of specs Ray
+rejected for good (not retried until the file changes, kopf's rule), the temporary failures with
+their back-off, and the last Serve PUT. Each holds one entry per task in the repository at most.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any
+
+from reconciler import faults
+from reconciler.apply.jobs import stop_job, submit_job
+from reconciler.apply.serve import apply_serve
+from reconciler.backoff import Backoff
+from reconciler.builders.jobs import job_submission
+from reconciler.builders.serve import app_name, model_app_config
+from reconciler.dashboard import Dashboard
+from reconciler.errors import ApplyDeferred, ArgusError, PermanentError, RayUnavailable, TemporaryError
+from reconciler.observe.serve import ServeObservation
+from reconciler.plan.actions import ActionType, Plan
+from reconciler.plan.actual import PREEMPTED, ActualJob, ActualState
+from reconciler.plan.outcome import Outcome
+from reconciler.spec.hashing import task_spec_hash
+from reconciler.spec.types import DesiredState, ObjectKey, TaskSpec
+
+log = logging.getLogger("argus")
+
+# (key, submission id, spec hash) of each run about to be submitted; returns whether they are
+# recorded durably (False: submit nothing this tick).
+RecordRuns = Callable[[list[tuple[ObjectKey, str, str]]], bool]
+_Attempt = tuple[ObjectKey, str | None]  # a task under one spec hash
+
+
+@dataclass
+class Applied:
+    """What one apply did. ``outcomes``: one per object touched; ``serve_put``: a PUT was sent;
+    ``stopped``: attempts stopped for preemption (submission id -> why) and ``preempted``: the
+    objects preempted, each with its preemptor; ``submitted``: the runs Ray holds now."""
+
+    outcomes: dict[ObjectKey, Outcome] = field(default_factory=dict)
+    serve_put: bool = False
+    stopped: dict[str, str] = field(default_factory=dict)
+    preempted: dict[ObjectKey, ObjectKey] = field(default_factory=dict)
+    submitted: list[ActualJob] = field(default_factory=list)
+
+    def note(self, key: ObjectKey, error: Outcome | None) -> None:
+        """Record one step for ``key``: succeeded (None) or failed as ``error`` says."""
+        prev = self.outcomes.get(key, Outcome())
+        self.outcomes[key] = (
+            prev.succeeded()
+            if error is None
+            else prev.failing(error.error or "", permanent=error.permanent, retry_in=error.retry_in)
+        )
+
+    def fail(self, key: ObjectKey, why: str, *, permanent: bool = False, retry_in: float | None = None) -> None:
+        self.note(key, Outcome(error=why, permanent=permanent, retry_in=retry_in))
+
+    def actual_after(self, actual: ActualState) -> ActualState:
+        """``actual`` with what this apply did in it: a stopped attempt is PREEMPTED (it resumes, it
+        is not over) and a submitted run is PENDING (this tick's status write keeps it among the
+        task's runs). Returns a new value."""
+        jobs = [
+            replace(j, status=PREEMPTED, message=self.stopped[j.submission_id])
+            if j.submission_id in self.stopped
+            else j
+            for j in actual.jobs
+        ]
+        return replace(actual, jobs=jobs + self.submitted)
+
+
+class Applier:
+    """Applies plans to one Ray cluster (``secrets_env`` reach jobs; ``ownership_key`` signs them)."""
+
+    def __init__(self, dash: Dashboard, *, secrets_env: Mapping[str, str], ownership_key: bytes) -> None:
+        self.dash = dash
+        self.secrets_env = dict(secrets_env)
+        self.ownership_key = ownership_key
+        self._refused: dict[_Attempt, str] = {}
+        self._retrying: dict[_Attempt, str] = {}
+        self._backoff = Backoff()
+        self._put_memo: dict[str, Any] = {}
+
+    def apply(
+        self,
+        plan: Plan,
+        desired: DesiredState,
+        actual: ActualState,
+        serve: ServeObservation,
+        revision: str,
+        record_runs: RecordRuns | None = None,
+    ) -> Applied:
+        """Apply ``plan``: stops, then the Serve PUT, then submissions (each recorded by
+        ``record_runs`` before it is sent; None: not recorded ahead). Returns what it did, one
+        outcome per object. Raises RayUnavailable (Ray went away mid-apply: the tick stops); any
+        other failure is that object's outcome."""
+        out = Applied()
+        for action in plan.of(ActionType.STOP_TASK):
+            sid = action.submission_id or ""
+            error = _try(partial(stop_job, self.dash, sid))
+            out.note(action.key, error)
+            if error is None and action.preempted_by is not None:
+                out.stopped[sid] = action.reason
+                out.preempted[action.key] = action.preempted_by
+        self._apply_serve(out, plan, desired, actual, serve)
+        self._submit_all(out, plan, desired, actual, revision, record_runs)
+        self._forget_gone(desired.tasks.keys() | desired.invalid.keys())
+        return out
+
+    def memo_sizes(self) -> dict[str, int]:
+        """How many entries each memo holds (the soak checks they stay bounded)."""
+        return {"refused": len(self._refused), "retrying": len(self._retrying), "backoff": len(self._backoff)}
+
+    def _submit_all(
+        self,
+        out: Applied,
+        plan: Plan,
+        desired: DesiredState,
+        actual: ActualState,
+        revision: str,
+        record_runs: RecordRuns | None,
+    ) -> None:
+        now = time.monotonic()
+        submits = []
+        # A submission id Ray already holds for another object would be taken as "submitted".
+        owner = {j.submission_id: j.key for j in actual.jobs}
+        for action in plan.of(ActionType.SUBMIT_TASK):
+            attempt = (action.key, action.spec_hash)
+            refused = self._refused.get(attempt)
+            if refused is not None:  # permanent: not retried until the spec changes (kopf's rule)
+                out.fail(action.key, refused, permanent=True)
+            elif owner.setdefault(action.submission_id or "", action.key) != action.key:
+                holder = owner[action.submission_id or ""]
+                out.fail(
+                    action.key, f"submission id {action.submission_id} is already used by {holder}", permanent=True
+                )
+            elif not self._backoff.due(attempt, now):
+                wait = self._backoff.retry_in(attempt, now) or 0.0
+                why = f"{self._retrying.get(attempt, '')} (temporary: retried in {wait:.0f}s)"
+                out.fail(action.key, why, retry_in=wait)
+            else:
+                submits.append(action)
+        if submits and record_runs is not None:
+            runs = [(a.key, a.submission_id or "", a.spec_hash or "") for a in submits]
+            if not record_runs(runs):
+                for action in submits:
+                    out.fail(action.key, "could not record the run on the status branch first (retried)", retry_in=0.0)
+                return
+        for action in submits:
+            task = desired.tasks[action.key]
+            sid = action.submission_id or ""
+            resume = (action.resume_from, action.first_attempt)
+            error = _try(partial(self._submit, task, desired, revision, sid, resume))
+            out.note(action.key, error)
+            if error is None:
+                out.submitted.append(
+                    ActualJob(sid, action.key, action.spec_hash or "", "PENDING", revision=revision or None)
+                )
+            faults.point("after_submit")
+
+    def _submit(
+        self,
+        task: TaskSpec,
+        desired: DesiredState,
+        revision: str,
+        sid: str,
+        resume: tuple[str | None, str | None] = (None, None),
+    ) -> None:
+        """Build and submit one run under ``sid`` (``resume``: the preempted attempt it resumes and
+        the run's first attempt). Raises PermanentError (cannot be built) or ApplyFailed; a
+        temporary failure is retried with back-off, and the status says why."""
+        attempt = (task.key, task_spec_hash(task))
+        self._forget_other_specs(attempt)
+        try:
+            body = job_submission(
+                task,
+                desired.cluster,
+                revision=revision,
+                secrets_env=self.secrets_env,
+                sid=sid,
+                ownership_key=self.ownership_key,
+                resume_from=resume[0],
+                first_attempt=resume[1],
+            )
+            submit_job(self.dash, body)
+        except PermanentError as exc:
+            self._refused[attempt] = f"{exc} (not retried until the file changes)"
+            raise
+        except TemporaryError as exc:
+            delay = self._backoff.failed(attempt, time.monotonic(), at_least=exc.delay)
+            self._retrying[attempt] = str(exc)
+            raise ApplyDeferred(f"{exc} (temporary: retried in {delay:.0f}s)", delay=delay) from exc
+        self._backoff.succeeded(attempt)
+        self._retrying.pop(attempt, None)
+
+    def _apply_serve(
+        self, out: Applied, plan: Plan, desired: DesiredState, actual: ActualState, serve: ServeObservation
+    ) -> None:
+        """Send the whole owned app set in one PUT, only when it differs from what runs.
+
+        A model whose application cannot be built (or sent as JSON, or whose name another
+        object already takes) fails alone: what runs for it is carried as it runs, and the
+        PUT carries every other application."""
+        changing = (ActionType.UPDATE_MODEL, ActionType.SCALE_MODEL, ActionType.DEPLOY_MODEL)
+        # A preempted model runs fewer replicas than its file asks for until there is room again.
+        preempted = {a.key: a.replicas for a in plan.of(ActionType.SCALE_MODEL) if a.preempted_by and a.replicas}
+        apps: dict[str, dict[str, Any]] = {}
+        holders: dict[str, ObjectKey] = {}
+        touched: list[ObjectKey] = []
+        changes: list[tuple[ObjectKey, Any]] = []
+        for key in sorted(set(actual.models) | {a.key for a in plan.of(*changing)}):
+            by_type = {a.type: a for a in plan.for_key(key)}
+            if ActionType.DELETE_MODEL in by_type or ActionType.STOP_MODEL in by_type:
+                touched.append(key)
+                continue
+            change = next((by_type[t] for t in changing if t in by_type), None)
+            if change is not None and change.source_path:
+                changes.append((key, change))
+                continue
+            name = app_name(key.user, key.name)
+            deployed = serve.apps.get(name)
+            if deployed is not None and name not in apps:
+                apps[name], holders[name] = deployed, key  # carried through exactly as it runs
+        # Oldest first: a name two objects derive belongs to the one that had it first.
+        changes.sort(key=lambda kc: (desired.models[kc[0]].created_at, kc[0]))
+        for key, change in changes:
+            name = app_name(key.user, key.name)
+            if holders.get(name, key) != key:
+                out.fail(key, f"Serve application name {name} is already used by {holders[name]}", permanent=True)
+                continue
+            try:
+                model = desired.models[key]
+                if key in preempted:
+                    model = replace(model, replicas=preempted[key] or model.replicas)
+                app = model_app_config(model, desired.cluster, change.source_path, change.spec_hash or "")
+                json.dumps(app)  # what the PUT sends must be JSON: fail this model, not the PUT
+            except Exception as exc:
+                log.warning("cannot build the application of %s: %r", key, exc)
+                out.fail(key, f"cannot build its Serve application: {exc}", permanent=True)
+                continue
+            apps[name], holders[name] = app, key
+            touched.append(key)
+
+        def put() -> None:
+            out.serve_put = apply_serve(self.dash, list(apps.values()), serve, desired.cluster, memo=self._put_memo)
+
+        error = _try(put)
+        if out.serve_put:
+            faults.point("serve_put")
+        for key in touched:
+            out.note(key, error)
+        if error is None:
+            for action in plan.of(ActionType.SCALE_MODEL):
+                if action.preempted_by is not None and action.key in preempted:
+                    out.preempted[action.key] = action.preempted_by
+
+    def _forget_other_specs(self, attempt: _Attempt) -> None:
+        """Forget the refusals, retries and back-off of ``attempt``'s task under other specs."""
+        for memo in (self._refused, self._retrying):
+            for old in [a for a in memo if a[0] == attempt[0] and a != attempt]:
+                del memo[old]
+        self._backoff.prune(
+            lambda other: not (isinstance(other, tuple) and other[0] == attempt[0] and other != attempt)
+        )
+
+    def _forget_gone(self, tasks: Collection[ObjectKey]) -> None:
+        """Drop refusals, retries and back-off of tasks no longer in the repository (one entry per
+        task that exists: a new spec replaces its predecessor's in :meth:`_submit`)."""
+        for memo in (self._refused, self._retrying):
+            for attempt in [a for a in memo if a[0] not in tasks]:
+                del memo[attempt]
+        self._backoff.prune(lambda attempt: isinstance(attempt, tuple) and attempt[0] in tasks)
+
+
+def _try(fn: Callable[[], object]) -> Outcome | None:
+    """Run one apply step; return None on success or the failure as an outcome. Ray being
+    unreachable is not an apply failure: it propagates and the tick stops. Anything else (an
+    error nobody foresaw included) fails this step only: permanent or temporary by its class."""
+    try:
+        fn()
+    except RayUnavailable:
+        raise
+    except ArgusError as exc:
+        log.warning("apply failed: %s", exc)
+        delay = exc.delay if isinstance(exc, TemporaryError) else None
+        return Outcome(error=str(exc), permanent=isinstance(exc, PermanentError), retry_in=delay)
+    except Exception as exc:
+        log.error("apply failed unexpectedly", exc_info=exc)
+        return Outcome(error=f"internal error: {exc!r}")
+    return None
