@@ -88,8 +88,11 @@ def object_document(
     elif "spec" in prev and st.state == "INVALID":
         doc["spec"] = prev["spec"]  # an invalid file keeps what runs: show what was derived for it
     # The admission order survives restarts; it moves only when the object's file changed
-    # (the tick starts an edited request over), never on pushes that leave it alone.
-    first_seen = _iso(st.first_seen) if st.first_seen is not None else prev.get("first_seen")
+    # (the tick starts an edited request over), never on pushes that leave it alone. One the tick
+    # did not place (an invalid file) keeps its recorded time only while its file is the same: an
+    # edit starts it over here too, or a restarted daemon would seed the old place for the new file.
+    kept = prev.get("first_seen") if doc.get("spec_id") == prev.get("spec_id") else None
+    first_seen = _iso(st.first_seen) if st.first_seen is not None else kept
     if first_seen:
         doc["first_seen"] = first_seen
     # Which object it was preempted for, while it waits to resume (the planner never readmits
