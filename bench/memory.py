@@ -182,9 +182,7 @@ def main() -> int:
         def one_tick(label: str) -> None:
             revision = parts.revisions.read(fetch=False)
             phases.mark(f"{label}: load")
-            result, daemon.memory = tick(
-                revision, parts.observe(revision), daemon.memory, parts.applier, parts.record_runs
-            )
+            result, daemon.memory = tick(parts, revision, parts.observe(revision), daemon.memory)
             del revision
             phases.mark(f"{label}: tick")
             if label == "first":

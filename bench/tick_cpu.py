@@ -10,6 +10,8 @@ this process (and its git children), split into the load (read the commit, valid
 
 Usage: PYTHONPATH=. .venv/bin/python bench/tick_cpu.py [--sizes 100,1000,10000] [--pushes 10]
 [--profile SIZE]  (prints cProfile's top functions of one more push tick at that size)
+[--plan-only]  (only plan + assess of each push, full against :class:`IncrementalPlanner`, in process:
+the same objects suspended, then all running in sync with Ray's objects rebuilt for every push)
 """
 
 from __future__ import annotations
@@ -33,8 +35,16 @@ sys.path.insert(0, str(ROOT))
 
 from reconciler.daemon import build_parts  # noqa: E402
 from reconciler.loop import Daemon  # noqa: E402
+from reconciler.plan.actual import ActualJob, ActualModel, ActualState, Capacity  # noqa: E402
+from reconciler.plan.assess import assess  # noqa: E402
+from reconciler.plan.incremental import IncrementalPlanner  # noqa: E402
+from reconciler.plan.planner import plan  # noqa: E402
 from reconciler.server import Metrics  # noqa: E402
 from reconciler.source.remote import open_source  # noqa: E402
+from reconciler.spec.hashing import model_spec_hash, submission_id, task_spec_hash  # noqa: E402
+from reconciler.spec.incremental import IncrementalLoader  # noqa: E402
+from reconciler.spec.loader import SourceFile  # noqa: E402
+from reconciler.spec.types import DesiredState  # noqa: E402
 from reconciler.status.writer import StatusWriter  # noqa: E402
 from reconciler.tick import tick  # noqa: E402
 from tests.support import ConfigRepo, add_suspended_objects, cluster_yaml  # noqa: E402
@@ -90,7 +100,7 @@ def measure(root: Path, objects: int, pushes: int, profile: bool) -> dict[str, f
         a = cpu_seconds()
         revision = parts.revisions.read(fetch=False)
         b = cpu_seconds()
-        result, daemon.memory = tick(revision, parts.observe(revision), daemon.memory, parts.applier, parts.record_runs)
+        result, daemon.memory = tick(parts, revision, parts.observe(revision), daemon.memory)
         c = cpu_seconds()
         daemon.reporter.report(result)
         d = cpu_seconds()
@@ -121,14 +131,65 @@ def measure(root: Path, objects: int, pushes: int, profile: bool) -> dict[str, f
     }
 
 
+def plan_only(objects: int, pushes: int, running: bool) -> dict[str, float]:
+    """Median CPU ms of plan + assess per one-file push at ``objects``: full and incremental."""
+    import yaml
+
+    cluster = yaml.safe_dump({"kind": "Cluster", "paths": {"common": "/hf", "users": "/home"}}).encode()
+    model = yaml.safe_dump({"kind": "Model", "source": "$HOME/models/m", "suspend": not running}).encode()
+    task = yaml.safe_dump({"kind": "Task", "workload": "command", "command": "true", "suspend": not running}).encode()
+    files = [SourceFile("cluster.yaml", cluster, "c")]
+    for u in range(max(1, objects // 10)):
+        for i in range(5):
+            files.append(SourceFile(f"users/user{u:05d}/models/m{i}.yaml", model, "m"))
+            files.append(SourceFile(f"users/user{u:05d}/tasks/t{i}.yaml", task, "t"))
+    loader, inc = IncrementalLoader(), IncrementalPlanner()
+
+    def ray(desired: DesiredState) -> ActualState:  # rebuilt on every call, as the observers do
+        actual = ActualState(capacity=Capacity({"GPU": 1e9, "CPU": 1e9, "worker_node": 1e9}, {"GPU": 1e9}))
+        if running:
+            for key, m in desired.models.items():
+                digest = model_spec_hash(m, desired.cluster)
+                per = {"GPU": 1.0}
+                actual.models[key] = ActualModel(key, m.served_name, digest, m.replicas, m.replicas, "RUNNING", "", per)
+            for key, t in desired.tasks.items():
+                actual.jobs.append(ActualJob(submission_id(t), key, task_spec_hash(t), "SUCCEEDED", end_time=1))
+        return actual
+
+    times: dict[str, list[float]] = {"full": [], "incremental": []}
+    for i in range(pushes + 1):
+        files.append(SourceFile(f"users/user00000/tasks/push{i:03d}.yaml", task, f"p{i}"))
+        desired = loader.load(sorted(files, key=lambda f: f.path), default_time=1767225600)
+        actual = ray(desired)
+        for name, planner, assessor in (("full", plan, assess), ("incremental", inc.plan, inc.assess)):
+            gc.collect()
+            start = time.process_time()
+            assessor(desired, actual, planner(desired, actual, now=1767229200))
+            if i:  # the first call fills the memo
+                times[name].append(time.process_time() - start)
+    return {name: statistics.median(t) * 1000 for name, t in times.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--pushes", type=int, default=10)
     parser.add_argument("--profile", type=int, default=None, help="profile the push ticks at this size")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--plan-only", action="store_true", help="time plan + assess alone: full vs incremental")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")] if args.one is None else [args.one]
+    if args.plan_only:
+        print(f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; plan + assess, medians of {args.pushes} pushes\n")
+        print("| objects | all suspended: full | incremental | all running: full | incremental |")
+        print("|---|---|---|---|---|")
+        for n in sizes:
+            idle, busy = plan_only(n, args.pushes, False), plan_only(n, args.pushes, True)
+            print(
+                f"| {n:,} | {idle['full']:.0f} ms | {idle['incremental']:.0f} ms "
+                f"| {busy['full']:.0f} ms | {busy['incremental']:.0f} ms |"
+            )
+        return 0
     rows = []
     with tempfile.TemporaryDirectory(prefix="argus-tickcpu-", ignore_cleanup_errors=True) as tmp:
         for n in sizes:

@@ -445,31 +445,29 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    import subprocess
-
-    from reconciler.status.branch import read_documents, tip
+    from reconciler import git
+    from reconciler.status.store import StatusStore
     from reconciler.web.text import fetch_status_source
 
     source, stale, remote = fetch_status_source(args.repo, args.cache_dir, args.status_branch, args.remote)
     if stale:
         print(f"argus: warning: {stale}; showing the last copy fetched, which may be stale", file=sys.stderr)
     ref: bool | str = remote or True  # the fetched copy first; the daemon's own repository: its branch
-    if tip(source.repo.path, args.status_branch, remote_too=ref) is None:
+    store = StatusStore(source.repo.path, args.status_branch, remote_too=ref)  # one-off: read once
+    head = store.tip()
+    if head is None:
         origin = f" on remote {remote!r}" if remote else ""
         raise ArgusError(
             f"no status branch {args.status_branch!r}{origin} in {redact_url(args.repo)}: is the daemon running, and "
             "writing to this remote? (--remote NAME picks another; --status-branch another branch)"
         )
     if args.format == "actual":
-        head = tip(source.repo.path, args.status_branch, remote_too=ref)
-        if head is None:
-            raise ArgusError(f"no status branch {args.status_branch!r} in {redact_url(args.repo)}")
-        proc = subprocess.run(["git", "-C", source.repo.path, "show", f"{head}:actual.json"], capture_output=True)
+        proc = git.probe(source.repo.path, "show", f"{head}:actual.json")  # as written, byte for byte
         if proc.returncode != 0:
             raise ArgusError(f"the status branch has no actual.json yet: {proc.stderr.decode().strip()}")
         sys.stdout.write(proc.stdout.decode())
         return 0
-    docs = read_documents(source.repo.path, args.status_branch, remote_too=ref)
+    docs = store.documents(head)
     if args.target:
         parts = args.target.strip("/").split("/")
         prefix = "users/" + "/".join(

@@ -23,9 +23,10 @@ from typing import Any
 
 import yaml
 
+from reconciler import git as gitcmd
 from reconciler.dashboard import Dashboard, DashboardError
 from reconciler.errors import ArgusError
-from reconciler.status.branch import read_documents
+from reconciler.status.store import StatusStore
 from reconciler.testing.ray_head import RayHead, free_port, start_head
 from reconciler.testing.smollm2 import DONE_MARK, cache_dir, install_smollm2
 
@@ -44,14 +45,14 @@ def say(msg: str) -> None:
 
 
 def git(cwd: Path, *args: str) -> str:
+    """``git args`` in ``cwd`` (the demo's own repositories) as alice; returns stdout. Raises GitError."""
     env = {
-        **os.environ,
         "GIT_AUTHOR_NAME": "alice",
         "GIT_AUTHOR_EMAIL": "alice@example.com",
         "GIT_COMMITTER_NAME": "alice",
         "GIT_COMMITTER_EMAIL": "alice@example.com",
     }
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, env=env).stdout
+    return gitcmd.run(str(cwd), *args, env=env).decode(errors="replace")
 
 
 def main() -> int:
@@ -208,8 +209,10 @@ def wait_for(
     """
     name = Path(path).stem
     last = ""
+    store = StatusStore(str(bare), "argus/status")  # re-reads only what each status commit changed
     while time.monotonic() - since < timeout:
-        doc = read_documents(str(bare), "argus/status").get(path)
+        found = store.documents().get(path)
+        doc = dict(found) if found is not None else None
         line = f"{name}: {doc.get('state') if doc else 'waiting for the first status commit'}"
         if doc and "/models/" in path:
             line += f" ({(doc.get('replicas') or {}).get('ready')}/{(doc.get('replicas') or {}).get('desired')} ready)"

@@ -13,7 +13,6 @@ import json
 import os
 import posixpath
 import stat
-import subprocess
 import threading
 import time
 import urllib.error
@@ -25,9 +24,10 @@ from typing import Any
 
 import yaml
 
+from reconciler import git
 from reconciler.builders.serve import ROUTER_APP
 from reconciler.dashboard import Dashboard
-from reconciler.errors import ArgusError
+from reconciler.errors import ArgusError, GitError
 from reconciler.observe.capacity import NODES_PATH
 from reconciler.observe.serve import SERVE_APPS_PATH
 from reconciler.source.remote import is_local
@@ -94,18 +94,17 @@ def _get(url: str, timeout: float, headers: Mapping[str, str] | None = None) -> 
 
 
 def _git(settings: Settings, *args: str) -> str:
-    """``git args`` with the check's timeout and no prompt; returns stdout. Raises CheckFailed."""
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
-    env.setdefault("GIT_SSH_COMMAND", "ssh -o BatchMode=yes -o ConnectTimeout=5")
+    """``git args`` (:mod:`reconciler.git`) with the check's timeout and an ssh that never prompts;
+    returns stdout. Raises CheckFailed."""
+    ssh = {} if "GIT_SSH_COMMAND" in os.environ else {"GIT_SSH_COMMAND": "ssh -o BatchMode=yes -o ConnectTimeout=5"}
     try:
-        proc = subprocess.run(
-            ["git", *args], capture_output=True, text=True, timeout=settings.timeout, env=env, check=False
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise CheckFailed(f"git {args[0]} did not finish in {settings.timeout:.0f}s") from exc
+        proc = git.probe(None, *args, timeout=settings.timeout, env=ssh)
+    except GitError as exc:
+        raise CheckFailed(str(exc)) from exc
     if proc.returncode != 0:
-        raise CheckFailed(f"git {' '.join(args[:2])}: {proc.stderr.strip()[-300:] or f'exit {proc.returncode}'}")
-    return proc.stdout
+        stderr = proc.stderr.decode(errors="replace").strip()
+        raise CheckFailed(f"git {' '.join(args[:2])}: {stderr[-300:] or f'exit {proc.returncode}'}")
+    return proc.stdout.decode(errors="replace")
 
 
 def _dashboard(settings: Settings) -> Dashboard:

@@ -74,6 +74,23 @@ class SourceUnavailable(TemporaryError):
     """The git source could not be read (fetch failed, branch missing, ...). Nothing is deleted."""
 
 
+class GitError(SourceUnavailable):
+    """A git command failed, could not start or ran past its timeout (:mod:`reconciler.git`).
+
+    A :class:`SourceUnavailable`: the repository (the config branches, or argus's own status
+    refs in it) cannot be read or written now; nothing is deleted and the tick is retried.
+    ``command`` is the command after ``git -C repo``, ``returncode`` its exit status (None when it
+    did not exit by itself), ``stderr`` what it said."""
+
+    def __init__(
+        self, message: str, args: tuple[str, ...] = (), returncode: int | None = None, stderr: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.command = args
+        self.returncode = returncode
+        self.stderr = stderr
+
+
 class RayUnavailable(TemporaryError):
     """The Ray dashboard (Jobs or Serve REST API) did not answer. Nothing is applied."""
 

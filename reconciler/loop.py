@@ -132,16 +132,11 @@ class Daemon:
         """Watch a local repository's branch refs with watchfiles, so a push ticks at once."""
         if not self.parts.source.local:
             return None
-        import subprocess
-
         import watchfiles
 
-        git_dir = subprocess.run(
-            ["git", "-C", self.parts.source.repo.path, "rev-parse", "--absolute-git-dir"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        from reconciler import git
+
+        git_dir = git.text(self.parts.source.repo.path, "rev-parse", "--absolute-git-dir")
         status_ref = f"refs/heads/{self.writer.branch}"
 
         def relevant(change: watchfiles.Change, path: str) -> bool:
@@ -193,7 +188,7 @@ class Daemon:
                 self._last_fetch = started
                 parts.source.fetch()
             revision = parts.revisions.read(fetch=False)
-            result, self.memory = tick(revision, parts.observe(revision), self.memory, parts.applier, parts.record_runs)
+            result, self.memory = tick(parts, revision, parts.observe(revision), self.memory)
         except SourceUnavailable as exc:
             self.reporter.source_error(self._fail("source", str(exc)))
             return self._delay(exc, floor=self.observe_interval)

@@ -22,11 +22,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 from dataclasses import dataclass
 
-from reconciler import __version__
-from reconciler.errors import ArgusError
+from reconciler import __version__, git
+from reconciler.errors import ArgusError, GitError
 from reconciler.spec.loader import USER_RE, USER_RULE
 from reconciler.spec.schema import SCHEMA_FILES, schema_text
 
@@ -89,15 +88,10 @@ def argus_commit() -> str | None:
     if not os.path.exists(os.path.join(root, ".git")):
         return None
     try:
-        out = subprocess.run(
-            ["git", "-C", root, "rev-parse", "--verify", "-q", "HEAD^{commit}"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        out = git.probe(root, "rev-parse", "--verify", "-q", "HEAD^{commit}", timeout=10)
+    except GitError:
         return None
-    sha = out.stdout.strip()
+    sha = out.stdout.decode(errors="replace").strip()
     return sha if out.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}", sha) else None
 
 

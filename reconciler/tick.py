@@ -41,6 +41,7 @@ from reconciler.observe.serve import ServeObservation
 from reconciler.plan.actions import Plan
 from reconciler.plan.actual import FINAL_JOB_STATES, PREEMPTED, ActualState
 from reconciler.plan.assess import ObjectStatus, assess
+from reconciler.plan.incremental import IncrementalPlanner
 from reconciler.plan.memory import AdmissionOrder, Memory
 from reconciler.plan.outcome import Outcome, with_outcomes
 from reconciler.plan.planner import plan as make_plan
@@ -110,6 +111,8 @@ class Parts:
     status_docs: StatusDocs
     record_runs: RecordRuns | None = None
     state_dir: str | None = None  # the daemon keeps its status anchor there (reconciler/loop.py)
+    # Plans and assesses again only the objects whose inputs changed (its memo: one entry per object).
+    planner: IncrementalPlanner = field(default_factory=IncrementalPlanner)
 
     @property
     def source(self) -> Any:
@@ -138,7 +141,7 @@ class Parts:
         """Read (fetching unless ``fetch`` is False), observe and tick once. Returns the result and
         the memory for the next tick. Raises SourceUnavailable / RayUnavailable."""
         revision = self.revisions.read(commit, fetch=fetch)
-        return tick(revision, self.observe(revision), memory or Memory(), self.applier, self.record_runs)
+        return tick(self, revision, self.observe(revision), memory or Memory())
 
 
 @dataclass(frozen=True)
@@ -154,8 +157,17 @@ class Planned:
     memory: Memory
 
 
-def decide(revision: Revision, observation: Observation, memory: Memory, *, now: int) -> Planned:
-    """Pair ``revision`` with ``observation`` and plan. Pure: no I/O, nothing changed.
+def decide(
+    revision: Revision,
+    observation: Observation,
+    memory: Memory,
+    *,
+    now: int,
+    planner: IncrementalPlanner | None = None,
+) -> Planned:
+    """Pair ``revision`` with ``observation`` and plan (through ``planner``'s memo when given: the
+    same plan, computed again only for the objects whose inputs changed). No I/O, and nothing
+    changed but ``planner``'s memo.
 
     Two ticks that decide on the same revision and observation with equal memories decide the
     same; a restarted daemon's memory (``Memory()``) decides what a running one does once the
@@ -165,34 +177,35 @@ def decide(revision: Revision, observation: Observation, memory: Memory, *, now:
     order = memory.order if memory.order.seeded else _seeded(memory.order, observation.docs)
     order = order.for_files(revision.spec_ids)
     first_seen = order.first_seen
-    plan, desired = _plan_contained(revision.desired, lambda d: make_plan(d, actual, first_seen=first_seen, now=now))
+    plan, desired = _plan_contained(
+        revision.desired,
+        lambda d: make_plan(d, actual, first_seen=first_seen, now=now),
+        None if planner is None else (lambda d: planner.plan(d, actual, first_seen=first_seen, now=now)),
+    )
     order = order.after(plan.first_seen, revision.spec_ids)
     actual = replace(actual, first_seen=plan.first_seen)  # published in actual.json for PR plans
     return Planned(plan, desired, actual, order, memory)
 
 
 def tick(
-    revision: Revision,
-    observation: Observation,
-    memory: Memory,
-    applier: Applier,
-    record_runs: RecordRuns | None = None,
-    *,
-    now: int | None = None,
+    parts: Parts, revision: Revision, observation: Observation, memory: Memory, *, now: int | None = None
 ) -> tuple[TickResult, Memory]:
-    """Decide on ``revision`` against ``observation``, apply the plan, assess every object.
+    """Decide on ``revision`` against ``observation``, apply the plan with ``parts``' applier,
+    assess every object.
 
     Returns the result and the memory the next tick gets. Raises RayUnavailable when Ray goes away
     while applying. One object's failure (loading, hashing, building, applying, assessing it) is
     that object's status; every other object is planned and applied in the same tick."""
-    planned = decide(revision, observation, memory, now=int(time.time()) if now is None else now)
+    when = int(time.time()) if now is None else now
+    planned = decide(revision, observation, memory, now=when, planner=parts.planner)
     plan, desired = planned.plan, planned.desired
-    applied = applier.apply(plan, desired, planned.actual, observation.serve, revision.commit, record_runs)
+    applied = parts.applier.apply(plan, desired, planned.actual, observation.serve, revision.commit, parts.record_runs)
     actual = applied.actual_after(planned.actual)
     preemptions = planned.memory.preemptions.added(applied.stopped, applied.preempted).kept(
         desired.tasks.keys() | desired.invalid.keys(), desired.models.keys()
     )
-    statuses = with_outcomes(_assess_contained(desired, actual, plan, applied), applied.outcomes, desired.invalid)
+    assessed = _assess_contained(desired, actual, plan, applied, parts.planner)
+    statuses = with_outcomes(assessed, applied.outcomes, desired.invalid)
     result = TickResult(
         revision=revision.commit,
         desired=desired,
@@ -262,12 +275,17 @@ def _notes(revision: Revision, observation: Observation, desired: DesiredState, 
     ]
 
 
-def _plan_contained(desired: DesiredState, planner: Callable[[DesiredState], Plan]) -> tuple[Plan, DesiredState]:
-    """``planner(desired)`` and the desired state it planned. When it raises for some objects, they
-    become invalid (kept as they run, with the error) and everything else is planned as usual; the
-    desired state returned then is a new one (``desired`` is not changed)."""
+def _plan_contained(
+    desired: DesiredState,
+    planner: Callable[[DesiredState], Plan],
+    incremental: Callable[[DesiredState], Plan] | None = None,
+) -> tuple[Plan, DesiredState]:
+    """``planner(desired)`` (or ``incremental(desired)``, the same plan from a memo) and the desired
+    state it planned. When it raises for some objects, they become invalid (kept as they run, with
+    the error) and everything else is planned as usual by ``planner`` (bisection would only churn the
+    memo); the desired state returned then is a new one (``desired`` is not changed)."""
     try:
-        return planner(desired), desired
+        return (incremental or planner)(desired), desired
     except Exception as exc:
         first = exc
     keys = sorted(set(desired.models) | set(desired.tasks))
@@ -301,12 +319,13 @@ def _plan_contained(desired: DesiredState, planner: Callable[[DesiredState], Pla
 
 
 def _assess_contained(
-    desired: DesiredState, actual: ActualState, plan: Plan, applied: Applied
+    desired: DesiredState, actual: ActualState, plan: Plan, applied: Applied, planner: IncrementalPlanner
 ) -> dict[ObjectKey, ObjectStatus]:
-    """Assess every object; one whose assessment raises is FAILED with the error."""
+    """Assess every object (through ``planner``'s memo); one whose assessment raises is FAILED with
+    the error (assessed one by one without the memo)."""
     done = {k for k, o in applied.outcomes.items() if o.applied}
     try:
-        return assess(desired, actual, plan, done)
+        return planner.assess(desired, actual, plan, done)
     except Exception as exc:
         log.error("assessing the objects failed; assessing them one by one", exc_info=exc)
     out: dict[ObjectKey, ObjectStatus] = {}

@@ -126,19 +126,34 @@ def assess(
     for job in actual.runs():  # Ray's jobs and the recorded runs it forgot (LOST while running)
         jobs.setdefault(job.key, []).append(job)
     for key in sorted(keys):
-        actions = by_key.get(key, [])
         done = applied is None or key in applied
-        if key.kind == "model":
-            out[key] = _model(key, desired, actual, actions, done)
-        else:
-            out[key] = _task(key, desired, jobs.get(key, []), actions, done, actual.stopping)
-        out[key].first_seen = plan.first_seen.get(key)
-        preemptor = next((a.preempted_by for a in actions if a.preempted_by is not None and done), None)
-        if preemptor is None and _waiting(out[key]):
-            preemptor = actual.preempted.get(key)
-        if preemptor is not None:
-            out[key].preempted_by = str(preemptor)
+        out[key] = object_status(key, desired, actual, by_key.get(key, []), done, jobs.get(key, []), plan)
     return out
+
+
+def object_status(
+    key: ObjectKey,
+    desired: DesiredState,
+    actual: ActualState,
+    actions: list[Action],
+    done: bool,
+    runs: list[ActualJob],
+    plan: Plan,
+) -> ObjectStatus:
+    """The status of ``key``, given its ``actions`` in ``plan`` (applied when ``done``) and, for a
+    task, its ``runs`` (:meth:`ActualState.runs`). Reads of ``desired`` and ``actual`` only the
+    entries of ``key``, ``actual.stopping`` and ``plan.first_seen``."""
+    if key.kind == "model":
+        status = _model(key, desired, actual, actions, done)
+    else:
+        status = _task(key, desired, runs, actions, done, actual.stopping)
+    status.first_seen = plan.first_seen.get(key)
+    preemptor = next((a.preempted_by for a in actions if a.preempted_by is not None and done), None)
+    if preemptor is None and _waiting(status):
+        preemptor = actual.preempted.get(key)
+    if preemptor is not None:
+        status.preempted_by = str(preemptor)
+    return status
 
 
 def _waiting(status: ObjectStatus) -> bool:

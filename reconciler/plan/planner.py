@@ -23,11 +23,11 @@ Rules, in the order they apply:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, replace
 
 from reconciler.plan.actions import Action, ActionType, Plan
-from reconciler.plan.actual import PREEMPTED, ActualJob, ActualState, Capacity, Resources, scale, sub
+from reconciler.plan.actual import PREEMPTED, ActualJob, ActualModel, ActualState, Capacity, Resources, scale, sub
 from reconciler.plan.admission import Candidate, admit, free_capacity, order_time
 from reconciler.plan.demand import model_resources_per_replica, task_resources
 from reconciler.plan.diff import field_diff, summarise
@@ -39,9 +39,22 @@ from reconciler.spec.hashing import (
     task_spec_fields,
     task_spec_hash,
 )
-from reconciler.spec.types import DesiredState, ObjectKey, TaskSpec
+from reconciler.spec.types import ClusterSpec, DesiredState, ModelSpec, ObjectKey, TaskSpec
 
-__all__ = ["APPROVE_HINT", "free_capacity", "latest_success", "plan"]
+__all__ = [
+    "APPROVE_HINT",
+    "Order",
+    "Step",
+    "admission_times",
+    "first_issue",
+    "free_capacity",
+    "guard",
+    "latest_success",
+    "model_step",
+    "plan",
+    "runs_by_key",
+    "task_step",
+]
 
 APPROVE_HINT = (
     "push a commit whose message has the trailer `Argus-Approve-Prune: yes` (or run `argus plan --approve-prune`)"
@@ -49,7 +62,7 @@ APPROVE_HINT = (
 
 
 @dataclass(frozen=True)
-class _Order:
+class Order:
     """First-come-first-served inputs: recorded first sightings and the tick's clock."""
 
     first_seen: Mapping[ObjectKey, int]
@@ -78,10 +91,7 @@ def plan(
     capacity = capacity if capacity is not None else actual.capacity
     seen = first_seen if first_seen is not None else actual.first_seen
     result = Plan()
-    if now is not None or seen:
-        result.first_seen = {k: order_time(k, m.created_at, seen, now) for k, m in desired.models.items()}
-        result.first_seen.update({k: order_time(k, t.created_at, seen, now) for k, t in desired.tasks.items()})
-        result.first_seen.update({k: seen[k] for k in desired.invalid if k in seen})
+    result.first_seen = admission_times(desired, seen, now)
     if not desired.cluster_valid:
         result.frozen = True
         result.notes.append("cluster.yaml is invalid: nothing will be applied until it is fixed")
@@ -89,7 +99,7 @@ def plan(
             result.actions.append(Action(ActionType.KEEP, key, "kept as it runs: cluster.yaml is invalid"))
         return result
 
-    order = _Order(seen, now)
+    order = Order(seen, now)
     direct: list[Action] = []
     candidates: list[Candidate] = []
     deletions: list[Action] = []
@@ -98,14 +108,50 @@ def plan(
     busy = frozenset(a.key for a in (*direct, *deletions) if a.type is not ActionType.KEEP)
     busy |= frozenset(c.action.key for c in candidates)
     direct.extend(admit(desired, actual, capacity, candidates, result, now=now, busy=busy))
-    direct.extend(_guard(desired, actual, deletions, result))
+    direct.extend(guard(desired, actual, deletions, result))
     result.actions = sorted(direct, key=lambda a: a.sort_key)
     return result
 
 
-def _first_issue(desired: DesiredState, key: ObjectKey) -> str:
+def admission_times(desired: DesiredState, seen: Mapping[ObjectKey, int], now: int | None) -> dict[ObjectKey, int]:
+    """The admission order time of every desired object (:attr:`Plan.first_seen`); empty when
+    neither a clock nor recorded sightings are given."""
+    if now is None and not seen:
+        return {}
+    out = {k: order_time(k, m.created_at, seen, now) for k, m in desired.models.items()}
+    out.update({k: order_time(k, t.created_at, seen, now) for k, t in desired.tasks.items()})
+    out.update({k: seen[k] for k in desired.invalid if k in seen})
+    return out
+
+
+def first_issue(desired: DesiredState, key: ObjectKey) -> str:
+    """The first issue of ``key``'s invalid file, as the plan's reasons quote it."""
     issues = desired.invalid.get(key, [])
     return str(issues[0]) if issues else "invalid"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One object's share of a plan, before admission and the mass-deletion guard.
+
+    ``out``: actions that need no admission; ``deletions``: what the guard may hold back;
+    ``action``/``request``: the candidate for admission (its order is the caller's: it depends
+    on the clock), made from a spec committed at ``created_at``.
+    """
+
+    out: tuple[Action, ...] = ()
+    deletions: tuple[Action, ...] = ()
+    action: Action | None = None
+    request: Mapping[str, float] | None = None
+    created_at: int = 0
+
+    @property
+    def busy(self) -> bool:
+        """True when the plan changes this object (admission never preempts it on top)."""
+        return self.action is not None or any(a.type is not ActionType.KEEP for a in (*self.out, *self.deletions))
+
+
+_IN_SYNC = Step()
 
 
 def _plan_models(
@@ -114,68 +160,101 @@ def _plan_models(
     out: list[Action],
     cands: list[Candidate],
     deletions: list[Action],
-    order: _Order,
+    order: Order,
 ) -> None:
-    cluster = desired.cluster
     invalid = {k for k in desired.invalid if k.kind == "model"}
-    jobs_by_key = _jobs_by_key(actual)
+    jobs_by_key = runs_by_key(actual)
     for key in sorted(set(desired.models) | set(actual.models) | invalid, key=_by_name):
-        live = actual.models.get(key)
-        if key in invalid:
-            why = "kept as it runs" if live else "not deployed"
-            out.append(Action(ActionType.KEEP, key, f"{why}: the file is invalid ({_first_issue(desired, key)})"))
-            continue
         spec = desired.models.get(key)
-        if spec is None:
-            assert live is not None
-            deletions.append(Action(ActionType.DELETE_MODEL, key, "file removed from the repository"))
-            continue
-        if spec.suspend:
-            out.append(Action(ActionType.KEEP, key, "suspended: left exactly as it is"))
-            continue
-        if spec.replicas == 0:
-            if live is not None:
-                reason = f"replicas: 0: stopping {spec.served_name} (its name, file and status are kept)"
-                out.append(Action(ActionType.STOP_MODEL, key, reason, replicas=0))
-            continue  # stopped: nothing to resolve, nothing to admit
-        checkpoint, source_path = None, spec.source_path
-        if spec.source_task:
-            task_key = ObjectKey(key.user, "task", spec.source_task)
-            job = latest_success(jobs_by_key.get(task_key, []), task_key)
-            if job is None or not job.hf_checkpoint:
-                if live:
-                    out.append(
-                        Action(ActionType.KEEP, key, f"kept as it runs: no checkpoint of task {spec.source_task} yet")
-                    )
-                else:
-                    out.append(Action(ActionType.QUEUE, key, f"waiting for task {spec.source_task}"))
-                continue
-            checkpoint = source_path = job.hf_checkpoint
-        digest = model_spec_hash(spec, cluster, checkpoint)
-        per_replica = model_resources_per_replica(spec, cluster)
-        kind, demand = ActionType.SCALE_MODEL, {}
-        changed: tuple[str, ...] = ()
-        plural = "s" if spec.replicas > 1 else ""
-        if live is None:
-            kind, demand = ActionType.DEPLOY_MODEL, scale(per_replica, spec.replicas)
-            reason = f"new model {spec.served_name} ({spec.replicas} replica{plural})"
-        elif live.spec_hash != digest:
-            kind, demand = ActionType.UPDATE_MODEL, _positive(sub(scale(per_replica, spec.replicas), live.committed()))
-            changed = _model_changes(live.spec, model_spec_fields(spec, cluster, checkpoint))
-            if live.replicas != spec.replicas:
-                changed = (*changed, f"replicas: {live.replicas} → {spec.replicas}")
-            what = summarise(changed) if changed else "source, engine_kwargs, GPUs or env (not recorded by the app)"
-            reason = f"spec changed: {what}: restart with the new config"
-        elif live.replicas != spec.replicas:
-            demand = scale(per_replica, max(0, spec.replicas - live.replicas))
-            reason = f"replicas {live.replicas} → {spec.replicas} (in place)"
-        else:
-            continue  # in sync
-        action = Action(kind, key, reason, digest, spec.replicas, source_path, demand=demand, changed=changed)
-        if demand:
-            cands.append(Candidate(order.of(key, spec.created_at), action, scale(per_replica, spec.replicas)))
-        else:
-            out.append(action)  # scale-down: frees capacity, needs no admission
+        issue = first_issue(desired, key) if key in invalid else None
+        checkpoint = source_checkpoint(spec, jobs_by_key) if spec is not None else None
+        _collect(
+            model_step(key, spec, actual.models.get(key), issue, desired.cluster, checkpoint),
+            out,
+            cands,
+            deletions,
+            order,
+            key,
+        )
+
+
+def _collect(
+    step: Step, out: list[Action], cands: list[Candidate], deletions: list[Action], order: Order, key: ObjectKey
+) -> None:
+    out.extend(step.out)
+    deletions.extend(step.deletions)
+    if step.action is not None:
+        assert step.request is not None
+        cands.append(Candidate(order.of(key, step.created_at), step.action, step.request))
+
+
+def source_checkpoint(spec: ModelSpec, jobs_by_key: Mapping[ObjectKey, list[ActualJob]]) -> str | None:
+    """The checkpoint a ``source: task:<name>`` model deploys (its task's latest success), else None."""
+    if not spec.source_task:
+        return None
+    task_key = ObjectKey(spec.key.user, "task", spec.source_task)
+    job = latest_success(jobs_by_key.get(task_key, []), task_key)
+    return job.hf_checkpoint if job is not None else None
+
+
+def model_step(
+    key: ObjectKey,
+    spec: ModelSpec | None,
+    live: ActualModel | None,
+    issue: str | None,
+    cluster: ClusterSpec,
+    checkpoint: str | None,
+) -> Step:
+    """What the plan does with model ``key``: ``issue`` is its file's first issue when the file
+    is invalid (else None), ``checkpoint`` what :func:`source_checkpoint` found for it."""
+    if issue is not None:
+        why = "kept as it runs" if live else "not deployed"
+        return Step((Action(ActionType.KEEP, key, f"{why}: the file is invalid ({issue})"),))
+    if spec is None:
+        assert live is not None
+        return Step(deletions=(Action(ActionType.DELETE_MODEL, key, "file removed from the repository"),))
+    if spec.suspend:
+        return Step((Action(ActionType.KEEP, key, "suspended: left exactly as it is"),))
+    if spec.replicas == 0:
+        if live is not None:
+            reason = f"replicas: 0: stopping {spec.served_name} (its name, file and status are kept)"
+            return Step((Action(ActionType.STOP_MODEL, key, reason, replicas=0),))
+        return _IN_SYNC  # stopped: nothing to resolve, nothing to admit
+    source_path = spec.source_path
+    if spec.source_task:
+        if not checkpoint:
+            if live:
+                return Step(
+                    (Action(ActionType.KEEP, key, f"kept as it runs: no checkpoint of task {spec.source_task} yet"),)
+                )
+            return Step((Action(ActionType.QUEUE, key, f"waiting for task {spec.source_task}"),))
+        source_path = checkpoint
+    else:
+        checkpoint = None
+    digest = model_spec_hash(spec, cluster, checkpoint)
+    per_replica = model_resources_per_replica(spec, cluster)
+    kind, demand = ActionType.SCALE_MODEL, {}
+    changed: tuple[str, ...] = ()
+    plural = "s" if spec.replicas > 1 else ""
+    if live is None:
+        kind, demand = ActionType.DEPLOY_MODEL, scale(per_replica, spec.replicas)
+        reason = f"new model {spec.served_name} ({spec.replicas} replica{plural})"
+    elif live.spec_hash != digest:
+        kind, demand = ActionType.UPDATE_MODEL, _positive(sub(scale(per_replica, spec.replicas), live.committed()))
+        changed = _model_changes(live.spec, model_spec_fields(spec, cluster, checkpoint))
+        if live.replicas != spec.replicas:
+            changed = (*changed, f"replicas: {live.replicas} → {spec.replicas}")
+        what = summarise(changed) if changed else "source, engine_kwargs, GPUs or env (not recorded by the app)"
+        reason = f"spec changed: {what}: restart with the new config"
+    elif live.replicas != spec.replicas:
+        demand = scale(per_replica, max(0, spec.replicas - live.replicas))
+        reason = f"replicas {live.replicas} → {spec.replicas} (in place)"
+    else:
+        return _IN_SYNC
+    action = Action(kind, key, reason, digest, spec.replicas, source_path, demand=demand, changed=changed)
+    if demand:
+        return Step(action=action, request=scale(per_replica, spec.replicas), created_at=spec.created_at)
+    return Step((action,))  # scale-down: frees capacity, needs no admission
 
 
 def _model_changes(old: Mapping[str, object] | None, new: Mapping[str, object]) -> tuple[str, ...]:
@@ -191,72 +270,82 @@ def _plan_tasks(
     out: list[Action],
     cands: list[Candidate],
     deletions: list[Action],
-    order: _Order,
+    order: Order,
 ) -> None:
     invalid = {k for k in desired.invalid if k.kind == "task"}
-    jobs_by_key = _jobs_by_key(actual)  # one pass: actual.jobs_of() per task is quadratic
+    jobs_by_key = runs_by_key(actual)  # one pass: actual.jobs_of() per task is quadratic
     ray_keys = {j.key for j in actual.jobs}
     for key in sorted(set(desired.tasks) | invalid | ray_keys, key=_by_name):
-        jobs = jobs_by_key.get(key, [])
-        if key in invalid:
-            running = any(j.active for j in jobs)
-            why = "kept as it runs" if running else "not submitted"
-            out.append(Action(ActionType.KEEP, key, f"{why}: the file is invalid ({_first_issue(desired, key)})"))
-            continue
-        spec = desired.tasks.get(key)
-        if spec is None:
-            for job in jobs:
-                if job.active:
-                    deletions.append(
-                        Action(
-                            ActionType.STOP_TASK,
-                            key,
-                            "file removed from the repository",
-                            submission_id=job.submission_id,
-                        )
-                    )
-            continue
-        if spec.suspend:
-            out.append(Action(ActionType.KEEP, key, "suspended: left exactly as it is"))
-            continue
-        digest, sid = task_spec_hash(spec), _free_submission_id(spec, actual.foreign_ids)
-        for job in jobs:
-            if job.active and job.spec_hash != digest and job.submission_id != sid:
-                changed = field_diff(job.spec, task_spec_fields(spec)) if job.spec is not None else ()
-                what = f" ({summarise(changed)})" if changed else ""
-                out.append(
-                    Action(
-                        ActionType.STOP_TASK,
-                        key,
-                        f"spec changed: stopping the old run {job.submission_id}{what}",
-                        submission_id=job.submission_id,
-                        changed=changed,
-                    )
-                )
-        attempts = [j for j in jobs if j.submission_id == sid or j.spec_hash == digest]
-        resume = _preempted_attempt(attempts)
-        if attempts and resume is None:
-            continue  # this spec already ran or runs (in Ray or on the status branch): never resubmitted
-        demand = task_resources(spec, desired.cluster)
-        plural = "s" if spec.gpus != 1 else ""
-        if resume is not None:
-            sid = _next_attempt(spec, attempts, actual.foreign_ids)
-            reason = f"resume run {sid} ({spec.workload}, {spec.gpus} GPU{plural}) from preempted {resume}"
-        else:
-            reason = f"new run {sid} ({spec.workload}, {spec.gpus} GPU{plural})"
-            if sid != submission_id(spec):
-                reason += f"; {submission_id(spec)} is held by a job argus did not submit"
-        action = Action(
-            ActionType.SUBMIT_TASK,
-            key,
-            reason,
-            spec_hash=digest,
-            submission_id=sid,
-            demand=demand,
-            resume_from=resume,
-            first_attempt=min(attempts, key=lambda j: _attempt_of(j.submission_id)).submission_id if resume else None,
+        issue = first_issue(desired, key) if key in invalid else None
+        step = task_step(
+            key, desired.tasks.get(key), jobs_by_key.get(key, []), issue, desired.cluster, actual.foreign_ids
         )
-        cands.append(Candidate(order.of(key, spec.created_at), action, demand))
+        _collect(step, out, cands, deletions, order, key)
+
+
+def task_step(
+    key: ObjectKey,
+    spec: TaskSpec | None,
+    jobs: list[ActualJob],
+    issue: str | None,
+    cluster: ClusterSpec,
+    foreign: Container[str],
+) -> Step:
+    """What the plan does with task ``key``, whose runs are ``jobs``: ``issue`` is its file's first
+    issue when the file is invalid (else None); ``foreign``: submission ids argus may not use."""
+    if issue is not None:
+        running = any(j.active for j in jobs)
+        why = "kept as it runs" if running else "not submitted"
+        return Step((Action(ActionType.KEEP, key, f"{why}: the file is invalid ({issue})"),))
+    if spec is None:
+        stops = tuple(
+            Action(ActionType.STOP_TASK, key, "file removed from the repository", submission_id=job.submission_id)
+            for job in jobs
+            if job.active
+        )
+        return Step(deletions=stops) if stops else _IN_SYNC
+    if spec.suspend:
+        return Step((Action(ActionType.KEEP, key, "suspended: left exactly as it is"),))
+    out: list[Action] = []
+    digest, sid = task_spec_hash(spec), _free_submission_id(spec, foreign)
+    for job in jobs:
+        if job.active and job.spec_hash != digest and job.submission_id != sid:
+            changed = field_diff(job.spec, task_spec_fields(spec)) if job.spec is not None else ()
+            what = f" ({summarise(changed)})" if changed else ""
+            out.append(
+                Action(
+                    ActionType.STOP_TASK,
+                    key,
+                    f"spec changed: stopping the old run {job.submission_id}{what}",
+                    submission_id=job.submission_id,
+                    changed=changed,
+                )
+            )
+    attempts = [j for j in jobs if j.submission_id == sid or j.spec_hash == digest]
+    resume = _preempted_attempt(attempts)
+    if attempts and resume is None:
+        # this spec already ran or runs (in Ray or on the status branch): never resubmitted
+        return Step(tuple(out)) if out else _IN_SYNC
+    demand = task_resources(spec, cluster)
+    plural = "s" if spec.gpus != 1 else ""
+    if resume is not None:
+        sid = _next_attempt(spec, attempts, foreign)
+        reason = f"resume run {sid} ({spec.workload}, {spec.gpus} GPU{plural}) from preempted {resume}"
+    else:
+        reason = f"new run {sid} ({spec.workload}, {spec.gpus} GPU{plural})"
+        if sid != submission_id(spec):
+            reason += f"; {submission_id(spec)} is held by a job argus did not submit"
+    action = Action(
+        ActionType.SUBMIT_TASK,
+        key,
+        reason,
+        spec_hash=digest,
+        submission_id=sid,
+        demand=demand,
+        resume_from=resume,
+        first_attempt=min(attempts, key=lambda j: _attempt_of(j.submission_id)).submission_id if resume else None,
+    )
+    return Step(tuple(out), action=action, request=demand, created_at=spec.created_at)
 
 
 def _by_name(key: ObjectKey) -> tuple[str, str, str]:
@@ -264,7 +353,7 @@ def _by_name(key: ObjectKey) -> tuple[str, str, str]:
     return (key.user, key.kind, key.name)
 
 
-def _free_submission_id(spec: TaskSpec, foreign: frozenset[str]) -> str:
+def _free_submission_id(spec: TaskSpec, foreign: Container[str]) -> str:
     """The first submission id of ``spec`` no foreign job holds. Deterministic: a restarted
     daemon that sees the same foreign jobs picks the same id (and the status branch records it)."""
     attempt = 1
@@ -287,7 +376,7 @@ def _attempt_of(sid: str) -> int:
     return parsed[3] if parsed is not None else 0
 
 
-def _next_attempt(spec: TaskSpec, attempts: list[ActualJob], foreign: frozenset[str]) -> str:
+def _next_attempt(spec: TaskSpec, attempts: list[ActualJob], foreign: Container[str]) -> str:
     """The next attempt's submission id: after every attempt so far, none a foreign job holds."""
     attempt = max(_attempt_of(j.submission_id) for j in attempts) + 1
     while (sid := submission_id(spec, attempt)) in foreign:
@@ -295,7 +384,7 @@ def _next_attempt(spec: TaskSpec, attempts: list[ActualJob], foreign: frozenset[
     return sid
 
 
-def _jobs_by_key(actual: ActualState) -> dict[ObjectKey, list[ActualJob]]:
+def runs_by_key(actual: ActualState) -> dict[ObjectKey, list[ActualJob]]:
     """Every run by task: Ray's jobs and the recorded runs Ray forgot (:meth:`ActualState.runs`)."""
     out: dict[ObjectKey, list[ActualJob]] = {}
     for job in actual.runs():
@@ -317,7 +406,7 @@ def _positive(res: Resources) -> dict[str, float]:
     return {k: v for k, v in res.items() if v > 0}
 
 
-def _guard(desired: DesiredState, actual: ActualState, deletions: list[Action], result: Plan) -> list[Action]:
+def guard(desired: DesiredState, actual: ActualState, deletions: list[Action], result: Plan) -> list[Action]:
     """Hold back mass deletions (Flux/Argo CD's most-reported disaster) unless approved."""
     if not deletions:
         return []

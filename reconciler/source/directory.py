@@ -9,9 +9,9 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-import subprocess
 import time
 
+from reconciler import git
 from reconciler.source.git import GitRepo
 from reconciler.spec.loader import SourceFile, classify
 from reconciler.spec.yamldoc import MAX_BYTES
@@ -66,16 +66,12 @@ def _file(root: str, rel: str) -> SourceFile:
 def created_times(root: str) -> tuple[dict[str, int], int]:
     """Return (path -> commit time of the add, now) using the enclosing git history if any."""
     now = int(time.time())
-    proc = subprocess.run(["git", "-C", root, "rev-parse", "--show-prefix"], capture_output=True, text=True)
-    if proc.returncode != 0:
+    prefix = git.probe(root, "rev-parse", "--show-prefix")
+    if prefix.returncode != 0:
         return {}, now
-    head = subprocess.run(
-        ["git", "-C", root, "rev-parse", "--verify", "--quiet", "HEAD"], capture_output=True, text=True
-    )
-    if head.returncode != 0:
+    head = git.rev(root, "HEAD")
+    if head is None:
         return {}, now
-    top = subprocess.run(
-        ["git", "-C", root, "rev-parse", "--show-toplevel"], capture_output=True, text=True
-    ).stdout.strip()
-    repo = GitRepo(top, prefix=proc.stdout.strip())
-    return repo.created_times(head.stdout.strip()), now
+    top = git.text(root, "rev-parse", "--show-toplevel", check=False)
+    repo = GitRepo(top, prefix=prefix.stdout.decode().strip())
+    return repo.created_times(head), now

@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import subprocess
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import IO
 
+from reconciler import git
 from reconciler.errors import SourceUnavailable
-from reconciler.redact import redact
 from reconciler.spec.loader import ParseCache, SourceFile, classify
 from reconciler.spec.yamldoc import MAX_BYTES
 
@@ -30,16 +27,6 @@ def decode_path(raw: bytes) -> str:
     (``surrogateescape``): two different names never decode to the same text, and the loader
     reports such a name (escaped) instead of reading it."""
     return raw.decode("utf-8", "surrogateescape")
-
-
-def git(repo: str, *args: str, input: bytes | None = None, check: bool = True) -> bytes:
-    """Run ``git -C repo args``; return stdout. Raises SourceUnavailable on failure."""
-    proc = subprocess.run(["git", "-C", repo, *args], input=input, capture_output=True, check=False)
-    if check and proc.returncode != 0:
-        raise SourceUnavailable(
-            redact(f"git {' '.join(args[:3])} failed in {repo}: {proc.stderr.decode(errors='replace').strip()}")
-        )
-    return proc.stdout
 
 
 @dataclass
@@ -83,7 +70,7 @@ class GitRepo:
 
     def resolve(self, ref: str) -> str:
         """Return the commit id of ``ref``. Raises SourceUnavailable when it does not exist."""
-        out = git(self.path, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False).decode().strip()
+        out = git.rev(self.path, f"{ref}^{{commit}}")
         if not out:
             raise SourceUnavailable(f"{ref!r} does not exist in {self.path}")
         return out
@@ -112,7 +99,9 @@ class GitRepo:
         files = self._patch(tree, changed, cache) if fast else self._read_all(tree, cache)
         self._snap_at = commit if tree is self._listed else None
         self._snap_cache, self._snap_clears = cache, self._clears
-        meta = git(self.path, "log", "-1", f"--format=%ct%x00%(trailers:key={APPROVE_TRAILER},valueonly)%x00%s", commit)
+        meta = git.run(
+            self.path, "log", "-1", f"--format=%ct%x00%(trailers:key={APPROVE_TRAILER},valueonly)%x00%s", commit
+        )
         ctime, trailer, subject = meta.decode(errors="replace").split("\0", 2)
         approve = trailer.strip().lower() in {"yes", "true", "1"}
         return Snapshot(commit, files, self.created_times(commit), int(ctime), approve, subject.strip())
@@ -222,23 +211,17 @@ class GitRepo:
             self._changed = (commit, set())
             return self._listed
         if self._listed_at is not None:
-            proc = subprocess.run(
-                [
-                    "git",
-                    "-C",
-                    self.path,
-                    "diff-tree",
-                    "-r",
-                    "-z",
-                    "--no-renames",
-                    "--no-commit-id",
-                    self._listed_at,
-                    commit,
-                    "--",
-                    *self._pathspecs(),
-                ],
-                capture_output=True,
-                check=False,
+            proc = git.probe(
+                self.path,
+                "diff-tree",
+                "-r",
+                "-z",
+                "--no-renames",
+                "--no-commit-id",
+                self._listed_at,
+                commit,
+                "--",
+                *self._pathspecs(),
             )
             if proc.returncode == 0:  # else (e.g. the old commit was garbage-collected): list it all
                 listed = dict(self._listed)
@@ -257,7 +240,7 @@ class GitRepo:
                 self._changed = (self._listed_at, changed)
                 self._listed, self._listed_at = listed, commit
                 return listed
-        listing = git(self.path, "ls-tree", "-r", "-z", "--full-tree", commit, "--", *self._pathspecs())
+        listing = git.run(self.path, "ls-tree", "-r", "-z", "--full-tree", commit, "--", *self._pathspecs())
         listed = {}
         for record in listing.split(b"\0"):
             if not record:
@@ -280,7 +263,7 @@ class GitRepo:
         headers only) for the ones not seen before. Raises SourceUnavailable when a blob is missing."""
         todo = sorted({b for b in blobs if b not in self._sizes})
         if todo:
-            out = git(self.path, "cat-file", "--batch-check", input=("\n".join(todo) + "\n").encode())
+            out = git.run(self.path, "cat-file", "--batch-check", input=("\n".join(todo) + "\n").encode())
             for blob, line in zip(todo, out.split(b"\n"), strict=False):
                 fields = line.split()
                 if len(fields) != 3 or not fields[2].isdigit():
@@ -298,31 +281,11 @@ class GitRepo:
         if not todo:
             return {}
         got: dict[str, bytes] = {}
-        with tempfile.TemporaryFile() as request:
-            request.write(("\n".join(todo) + "\n").encode())
-            request.seek(0)
-            proc = subprocess.Popen(
-                ["git", "-C", self.path, "cat-file", "--batch"],
-                stdin=request,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-            )
-            assert proc.stdout is not None
-            try:
-                for blob in todo:
-                    fields = proc.stdout.readline().split()
-                    if len(fields) != 3 or not fields[2].isdigit():
-                        raise SourceUnavailable(f"blob {blob} cannot be read in {self.path}")
-                    size = int(fields[2])
-                    if size > MAX_BYTES:  # asked by mistake: skip it without holding it
-                        _discard(proc.stdout, size + 1)
-                        continue
-                    got[blob] = proc.stdout.read(size)
-                    proc.stdout.read(1)  # the newline after the content
-            finally:
-                proc.stdout.close()
-                proc.kill()
-                proc.wait()
+        for blob, size, content in git.read_objects(self.path, todo, MAX_BYTES):
+            if size < 0:
+                raise SourceUnavailable(f"blob {blob} cannot be read in {self.path}")
+            if content is not None:  # None: over the limit, asked by mistake (skipped, never held)
+                got[blob] = content
         for blob, content in got.items():
             if self._blob_bytes + len(content) > BLOB_CACHE_BYTES:
                 self.blobs.clear()
@@ -348,13 +311,7 @@ class GitRepo:
         rev_range = commit
         base = dict(self._created)
         if self._created_at is not None:
-            is_ancestor = (
-                subprocess.run(
-                    ["git", "-C", self.path, "merge-base", "--is-ancestor", self._created_at, commit],
-                    capture_output=True,
-                ).returncode
-                == 0
-            )
+            is_ancestor = git.probe(self.path, "merge-base", "--is-ancestor", self._created_at, commit).returncode == 0
             rev_range = f"{self._created_at}..{commit}" if is_ancestor else commit
             if not is_ancestor:
                 base = {}
@@ -393,7 +350,7 @@ class GitRepo:
         """(parents, author time, added paths) of each commit in ``rev_args`` that added a
         relevant file, newest first. Paths are NUL-separated (-z): any byte in a name is safe,
         and a header token cannot be a path (paths start with users/ or cluster.yaml)."""
-        out = git(
+        out = git.run(
             self.path,
             "log",
             "--diff-filter=A",
@@ -416,11 +373,3 @@ class GitRepo:
             elif commits:
                 commits[-1][2].append(self._relative(decode_path(raw)))
         return commits
-
-
-def _discard(stream: IO[bytes], count: int) -> None:
-    while count > 0:
-        chunk = stream.read(min(count, 1 << 16))
-        if not chunk:
-            return
-        count -= len(chunk)

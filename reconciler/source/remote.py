@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
 from dataclasses import dataclass
 
-from reconciler.errors import SourceUnavailable
+from reconciler import git
+from reconciler.errors import GitError, SourceUnavailable
 from reconciler.redact import redact, redact_url
-from reconciler.source.git import GitRepo, git
+from reconciler.source.git import GitRepo
 
 
 def is_local(repo: str) -> bool:
@@ -54,7 +54,7 @@ class RepoSource:
         """Bring the mirror up to date (no-op for a local repository). Raises SourceUnavailable."""
         if self.local:
             return
-        git(
+        git.run(
             self.repo.path,
             "fetch",
             "--prune",
@@ -68,7 +68,7 @@ class RepoSource:
     def _mirror_branches(self) -> None:
         """``refs/heads/*`` := the remote's branches, except the status branch (one git call)."""
         own = f"refs/heads/{self.status_branch}"
-        listing = git(
+        listing = git.run(
             self.repo.path, "for-each-ref", "--format=%(objectname) %(refname)", "refs/heads/", "refs/remotes/"
         )
         local: dict[str, str] = {}
@@ -86,38 +86,26 @@ class RepoSource:
             # A fresh mirror starts from the published notes (each note is verified when read).
             commands.append(f"create {notes} {tracking_ref(notes)}\n")
         if commands:
-            git(self.repo.path, "update-ref", "--stdin", input="".join(commands).encode())
+            git.run(self.repo.path, "update-ref", "--stdin", input="".join(commands).encode())
 
     def repo_has(self, ref: str) -> bool:
-        proc = subprocess.run(
-            ["git", "-C", self.repo.path, "rev-parse", "--verify", "--quiet", ref], capture_output=True
-        )
-        return proc.returncode == 0
+        return git.rev(self.repo.path, ref) is not None
 
     def push(self, refs: list[str]) -> bool:
         """Push argus's own ``refs`` to the remote, each replacing the remote's copy only if it
-        is still what was last fetched (``--force-with-lease``); False when rejected (it moved).
-        The tracking refs follow a successful push."""
+        is still what was last fetched (``--force-with-lease``); False when rejected (it moved)
+        or when the remote does not answer in time. The tracking refs follow a successful push."""
         if self.local:
             return True
-        leases = []
-        for ref in refs:
-            proc = subprocess.run(
-                ["git", "-C", self.repo.path, "rev-parse", "--verify", "--quiet", tracking_ref(ref)],
-                capture_output=True,
-                text=True,
-            )
-            leases.append(f"--force-with-lease={ref}:{proc.stdout.strip()}")
-        pushed = subprocess.run(
-            ["git", "-C", self.repo.path, "push", "--porcelain", *leases, "origin", *(f"{r}:{r}" for r in refs)],
-            capture_output=True,
-        )
+        leases = [f"--force-with-lease={ref}:{git.rev(self.repo.path, tracking_ref(ref)) or ''}" for ref in refs]
+        try:
+            pushed = git.probe(self.repo.path, "push", "--porcelain", *leases, "origin", *(f"{r}:{r}" for r in refs))
+        except GitError:
+            return False
         if pushed.returncode != 0:
             return False
         commands = "".join(f"update {tracking_ref(r)} {r}\n" for r in refs)
-        subprocess.run(
-            ["git", "-C", self.repo.path, "update-ref", "--stdin"], input=commands.encode(), capture_output=True
-        )
+        git.probe(self.repo.path, "update-ref", "--stdin", input=commands.encode())
         return True
 
 
@@ -128,17 +116,17 @@ def open_source(url: str, cache_dir: str) -> RepoSource:
     """
     if is_local(url):
         path = os.path.abspath(url)
-        probe = subprocess.run(["git", "-C", path, "rev-parse", "--git-dir"], capture_output=True)
-        if probe.returncode != 0:
+        if git.probe(path, "rev-parse", "--git-dir").returncode != 0:
             raise SourceUnavailable(f"{redact_url(url)} is not a git repository")
         return RepoSource(url, GitRepo(path), local=True)
     mirror = os.path.join(cache_dir, hashlib.sha1(url.encode()).hexdigest()[:16] + ".git")
     if not os.path.isdir(mirror):
         os.makedirs(cache_dir, exist_ok=True)
-        proc = subprocess.run(["git", "clone", "--bare", "--quiet", url, mirror], capture_output=True)
-        if proc.returncode != 0:
-            stderr = redact(proc.stderr.decode(errors="replace").strip())
-            raise SourceUnavailable(f"cannot clone {redact_url(url)}: {stderr}")
+        try:
+            git.run(None, "clone", "--bare", "--quiet", url, mirror)
+        except GitError as exc:
+            why = redact(exc.stderr) if exc.stderr else str(exc)
+            raise SourceUnavailable(f"cannot clone {redact_url(url)}: {why}") from exc
     source = RepoSource(url, GitRepo(mirror), local=False)
     source.fetch()
     return source

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
+from reconciler import git
 from reconciler.errors import ConfigError, SourceUnavailable
-from reconciler.source.git import APPROVE_TRAILER, GitRepo, decode_path, git
+from reconciler.source.git import APPROVE_TRAILER, GitRepo, decode_path
 
 Entry = tuple[str, str]  # (mode, blob)
 
@@ -201,7 +201,7 @@ class SignatureVerifier:
             tree.signers = dict(base.signers)
             start = base.head
         elif start is not None:
-            listing = git(self.repo.path, "ls-tree", "-r", "-z", "--full-tree", start)
+            listing = git.run(self.repo.path, "ls-tree", "-r", "-z", "--full-tree", start)
             for record in listing.split(b"\0"):
                 meta, _, path_b = record.partition(b"\t")
                 if meta:
@@ -209,7 +209,7 @@ class SignatureVerifier:
                     tree.entries[decode_path(path_b)] = (mode, blob)
             tree.created = {p: t for p, t in self.repo.created_times(start).items() if p in tree.entries}
         signers = self._read_signers()
-        out = git(
+        out = git.run(
             self.repo.path,
             "log",
             "--first-parent",
@@ -287,7 +287,7 @@ class SignatureVerifier:
             fh.write(signers)
             path = fh.name
         try:
-            out = git(
+            out = git.run(
                 self.repo.path, "-c", f"gpg.ssh.allowedSignersFile={path}", "log", "-1", "--format=%G?%x00%GS", commit
             ).decode(errors="replace")
         finally:
@@ -306,29 +306,24 @@ class SignatureVerifier:
             return b""  # nothing verifies: every protected change is kept out, and reported
 
     def _approves(self, commit: str) -> bool:
-        out = git(self.repo.path, "log", "-1", f"--format=%(trailers:key={APPROVE_TRAILER},valueonly)", commit)
+        out = git.run(self.repo.path, "log", "-1", f"--format=%(trailers:key={APPROVE_TRAILER},valueonly)", commit)
         return out.decode(errors="replace").strip().lower() in {"yes", "true", "1"}
 
     # -- git helpers ----------------------------------------------------------------------
     def _is_ancestor(self, a: str, b: str) -> bool:
-        proc = subprocess.run(["git", "-C", self.repo.path, "merge-base", "--is-ancestor", a, b], capture_output=True)
-        return proc.returncode == 0
+        return git.probe(self.repo.path, "merge-base", "--is-ancestor", a, b).returncode == 0
 
     def _merge_base(self, a: str, b: str) -> str | None:
-        proc = subprocess.run(["git", "-C", self.repo.path, "merge-base", a, b], capture_output=True, text=True)
-        return proc.stdout.strip() or None
+        return git.text(self.repo.path, "merge-base", a, b, check=False) or None
 
     def _exists(self, commit: str) -> bool:
-        proc = subprocess.run(
-            ["git", "-C", self.repo.path, "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True
-        )
-        return proc.returncode == 0
+        return git.probe(self.repo.path, "cat-file", "-e", f"{commit}^{{commit}}").returncode == 0
 
     def _committed_at(self, commit: str) -> int:
-        return int(git(self.repo.path, "log", "-1", "--format=%ct", commit).decode().strip() or 0)
+        return int(git.run(self.repo.path, "log", "-1", "--format=%ct", commit).decode().strip() or 0)
 
     def _first_parent(self, rev_range: str) -> set[str]:
-        return set(git(self.repo.path, "rev-list", "--first-parent", rev_range).decode().split())
+        return set(git.run(self.repo.path, "rev-list", "--first-parent", rev_range).decode().split())
 
     # -- state ----------------------------------------------------------------------------
     def _remember(self, tree: TrustedTree) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -12,11 +11,25 @@ from typing import Any
 
 import yaml
 
-from reconciler import faults
-from reconciler.errors import ConcurrentWrite, SourceUnavailable
-from reconciler.source.git import decode_path, git
+from reconciler import faults, git
+from reconciler.errors import ConcurrentWrite
 from reconciler.status.auth import note_verifies, sign_commit_message, sign_note, split_trailer
 from reconciler.status.documents import LOADER
+from reconciler.status.store import StatusStore, decode_path, tip
+
+# ``tip`` lives with the reader (reconciler.status.store); callers of this module keep it.
+__all__ = [
+    "AUTHOR",
+    "SAME",
+    "TreeWriter",
+    "commit_tree",
+    "hash_blobs",
+    "read_documents",
+    "read_file",
+    "tip",
+    "tree_blobs",
+    "write_note",
+]
 
 SAME = "same as parent"  # TreeWriter.commit's default ``expected``: the ref is at the parent
 
@@ -28,50 +41,14 @@ AUTHOR = {
 }
 
 
-def tip(repo: str, branch: str, *, remote_too: bool | str = False) -> str | None:
-    """The commit of ``branch`` (or, with ``remote_too``, of ``origin/<branch>``); None if absent.
-
-    ``remote_too`` a remote's name: ``<remote>/<branch>`` first (the copy just fetched from where the
-    daemon writes), then the local branch."""
-    if isinstance(remote_too, str):
-        refs = [f"refs/remotes/{remote_too}/{branch}", f"refs/heads/{branch}"]
-    else:
-        refs = [f"refs/heads/{branch}"] + ([f"refs/remotes/origin/{branch}"] if remote_too else [])
-    for ref in refs:
-        out = subprocess.run(
-            ["git", "-C", repo, "rev-parse", "--verify", "--quiet", ref], capture_output=True, text=True
-        )
-        if out.stdout.strip():
-            return out.stdout.strip()
-    return None
-
-
 def read_documents(
     repo: str, branch: str, *, remote_too: bool | str = False, commit: str | None = None
 ) -> dict[str, dict[str, Any]]:
-    """Return the status documents (path -> mapping) on ``branch`` (or at ``commit``); empty
-    when it does not exist."""
-    head = commit or tip(repo, branch, remote_too=remote_too)
-    if head is None:
-        return {}
-    listing = git(repo, "ls-tree", "-r", "-z", head, "--", "users").split(b"\0")
-    blobs = [(decode_path(r.partition(b"\t")[2]), r.split()[2].decode()) for r in listing if r]
-    if not blobs:
-        return {}
-    out = git(repo, "cat-file", "--batch", input=("\n".join(b for _, b in blobs) + "\n").encode())
-    docs: dict[str, dict[str, Any]] = {}
-    pos = 0
-    for path, _blob in blobs:
-        end = out.index(b"\n", pos)
-        size = int(out[pos:end].split()[2])
-        try:
-            data = yaml.load(out[end + 1 : end + 1 + size], Loader=LOADER)
-        except yaml.YAMLError:
-            data = None
-        if isinstance(data, dict):
-            docs[path] = data
-        pos = end + 1 + size + 1
-    return docs
+    """The object documents (path -> mapping) on ``branch`` (or at ``commit``), read once by a
+    one-off :class:`~reconciler.status.store.StatusStore`; empty when the branch does not exist.
+    Raises GitError when git cannot read them."""
+    docs = StatusStore(repo, branch, remote_too=remote_too).documents(commit)
+    return {path: dict(doc) for path, doc in docs.items()}
 
 
 def hash_blobs(repo: str, contents: Mapping[str, bytes]) -> dict[str, str]:
@@ -86,13 +63,15 @@ def hash_blobs(repo: str, contents: Mapping[str, bytes]) -> dict[str, str]:
             with open(name, "wb") as fh:
                 fh.write(contents[path])
             names.append(name)
-        out = git(repo, "hash-object", "-w", "--no-filters", "--stdin-paths", input=("\n".join(names) + "\n").encode())
+        out = git.run(
+            repo, "hash-object", "-w", "--no-filters", "--stdin-paths", input=("\n".join(names) + "\n").encode()
+        )
     return dict(zip(paths, out.decode().split(), strict=True))
 
 
 def tree_blobs(repo: str, commit: str) -> dict[str, str]:
     """path -> blob id of every file in ``commit``."""
-    listing = git(repo, "ls-tree", "-r", "-z", commit).split(b"\0")
+    listing = git.run(repo, "ls-tree", "-r", "-z", commit).split(b"\0")
     return {decode_path(r.partition(b"\t")[2]): r.split()[2].decode() for r in listing if r}
 
 
@@ -105,35 +84,26 @@ def commit_tree(repo: str, branch: str, blobs: Mapping[str, str], message: str, 
     re-reads the branch and retries from the new tip).
     """
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, **AUTHOR, "GIT_INDEX_FILE": os.path.join(tmp, "index")}
+        env = {**AUTHOR, "GIT_INDEX_FILE": os.path.join(tmp, "index")}
         index_info = "".join(f"100644 {blob}\t{path}\n" for path, blob in sorted(blobs.items()))
-        subprocess.run(
-            ["git", "-C", repo, "update-index", "--add", "--index-info"],
-            input=index_info.encode(),
-            check=True,
-            env=env,
-            capture_output=True,
-        )
-        tree = (
-            subprocess.run(["git", "-C", repo, "write-tree"], capture_output=True, check=True, env=env)
-            .stdout.decode()
-            .strip()
-        )
-        if parent is not None and git(repo, "rev-parse", f"{parent}^{{tree}}").decode().strip() == tree:
+        git.run(repo, "update-index", "--add", "--index-info", input=index_info.encode(), env=env)
+        tree = git.run(repo, "write-tree", env=env).decode().strip()
+        if parent is not None and git.text(repo, "rev-parse", f"{parent}^{{tree}}") == tree:
             return None
-        args = ["git", "-C", repo, "commit-tree", tree, "-F", "-"] + (["-p", parent] if parent else [])
-        commit = (
-            subprocess.run(args, input=message.encode(), capture_output=True, check=True, env=env)
-            .stdout.decode()
-            .strip()
-        )
+        args = ["commit-tree", tree, "-F", "-"] + (["-p", parent] if parent else [])
+        commit = git.run(repo, *args, input=message.encode(), env=env).decode().strip()
     faults.point("status_commit")  # objects written, ref not yet moved
-    moved = subprocess.run(
-        ["git", "-C", repo, "update-ref", f"refs/heads/{branch}", commit, parent or "0" * 40], capture_output=True
-    )
-    if moved.returncode != 0:
-        raise ConcurrentWrite(f"{branch} is no longer at {parent}: {moved.stderr.decode(errors='replace').strip()}")
+    _move(repo, branch, commit, parent)
     return commit
+
+
+def _move(repo: str, branch: str, commit: str, expected: str | None) -> None:
+    """``refs/heads/<branch>`` := ``commit`` if it is at ``expected`` (None: absent). Raises
+    ConcurrentWrite when it is not."""
+    moved = git.probe(repo, "update-ref", f"refs/heads/{branch}", commit, expected or "0" * 40)
+    if moved.returncode != 0:
+        why = moved.stderr.decode(errors="replace").strip()
+        raise ConcurrentWrite(f"{branch} is no longer at {expected}: {why}")
 
 
 class TreeWriter:
@@ -146,17 +116,14 @@ class TreeWriter:
         self.repo = repo
         self.auth_key = auth_key  # signs every commit (reconciler.status.auth); None: unsigned
         self._dir = tempfile.mkdtemp(prefix="argus-index-")
-        self._env = {**os.environ, **AUTHOR, "GIT_INDEX_FILE": os.path.join(self._dir, "index")}
+        self._env = {**AUTHOR, "GIT_INDEX_FILE": os.path.join(self._dir, "index")}
         self._lock = threading.Lock()
         self._tree: str | None = None  # the tree the index holds
         self._blobs: dict[str, str] = {}  # and its files
         self._commit_tree: tuple[str, str] | None = None  # (commit, tree) of the last commit made
 
     def _git(self, *args: str, input: bytes | None = None) -> str:
-        proc = subprocess.run(["git", "-C", self.repo, *args], input=input, capture_output=True, env=self._env)
-        if proc.returncode != 0:
-            raise SourceUnavailable(f"git {args[0]} failed: {proc.stderr.decode(errors='replace').strip()}")
-        return proc.stdout.decode().strip()
+        return git.run(self.repo, *args, input=input, env=self._env).decode().strip()
 
     def commit(
         self,
@@ -206,20 +173,13 @@ class TreeWriter:
             )
             self._commit_tree = (commit, tree)
         faults.point("status_commit")  # objects written, ref not yet moved
-        moved = subprocess.run(
-            ["git", "-C", self.repo, "update-ref", f"refs/heads/{branch}", commit, expected or "0" * 40],
-            capture_output=True,
-        )
-        if moved.returncode != 0:
-            raise ConcurrentWrite(
-                f"{branch} is no longer at {expected}: {moved.stderr.decode(errors='replace').strip()}"
-            )
+        _move(self.repo, branch, commit, expected)
         return commit
 
 
 def read_file(repo: str, commit: str, path: str) -> dict[str, Any]:
     """The YAML mapping in ``path`` at ``commit``; {} when absent or not a mapping."""
-    proc = subprocess.run(["git", "-C", repo, "show", f"{commit}:{path}"], capture_output=True)
+    proc = git.probe(repo, "show", f"{commit}:{path}")
     if proc.returncode != 0:
         return {}
     try:
@@ -239,7 +199,7 @@ def write_note(
     ``replace`` is False. With ``auth_key``, a note that does not verify (someone else wrote
     it) counts as absent: it is replaced.
     """
-    current = subprocess.run(["git", "-C", repo, "notes", f"--ref={ref}", "show", commit], capture_output=True)
+    current = git.probe(repo, "notes", f"--ref={ref}", "show", commit)
     existing = current.stdout.decode(errors="replace") if current.returncode == 0 else None
     if existing is not None and auth_key is not None:
         existing = split_trailer(existing)[0] if note_verifies(auth_key, commit, existing) else None
@@ -247,12 +207,5 @@ def write_note(
         return False
     if auth_key is not None:
         text = sign_note(auth_key, commit, text)
-    env = {**os.environ, **AUTHOR}
-    subprocess.run(
-        ["git", "-C", repo, "notes", f"--ref={ref}", "add", "-f", "-F", "-", commit],
-        input=text.encode(),
-        check=True,
-        capture_output=True,
-        env=env,
-    )
+    git.run(repo, "notes", f"--ref={ref}", "add", "-f", "-F", "-", commit, input=text.encode(), env=AUTHOR)
     return True

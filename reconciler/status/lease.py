@@ -16,16 +16,18 @@ remote's lease is fetched into a tracking ref, never over argus's own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import socket
-import subprocess
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from reconciler import git
+from reconciler.errors import GitError
 from reconciler.source.remote import RepoSource, tracking_ref
 from reconciler.status.auth import lease_mac, lease_verifies
 from reconciler.status.branch import AUTHOR
@@ -78,23 +80,29 @@ class Lease:
         if current and data is not None and data.get("holder") == self.holder:
             self._swap(self._commit({"holder": self.holder, "expires": 0.0}), current)
 
-    # -- git ------------------------------------------------------------------------------
-    def _git(self, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-        env = {**os.environ, **AUTHOR}
-        return subprocess.run(
-            ["git", "-C", self.source.repo.path, *args], input=input, capture_output=True, env=env, check=False
-        )
+    @property
+    def _repo(self) -> str:
+        return self.source.repo.path
 
     def _read(self) -> tuple[str | None, dict[str, object] | None]:
         """(the lease commit, its data); data None when there is none or it is not argus's."""
         ref = LEASE_REF
         if not self.source.local:
             ref = tracking_ref(LEASE_REF)
-            self._git("fetch", "--quiet", "--prune", "--force", "origin", f"+refs/argus/*:{ref.rsplit('/', 1)[0]}/*")
-        sha = self._git("rev-parse", "--verify", "--quiet", ref).stdout.decode().strip() or None
+            with contextlib.suppress(GitError):  # unreachable: judged from the last copy fetched
+                git.probe(
+                    self._repo,
+                    "fetch",
+                    "--quiet",
+                    "--prune",
+                    "--force",
+                    "origin",
+                    f"+refs/argus/*:{ref.rsplit('/', 1)[0]}/*",
+                )
+        sha = git.rev(self._repo, ref)
         if sha is None:
             return None, None
-        message = self._git("log", "-1", "--format=%B", sha).stdout.decode()
+        message = git.probe(self._repo, "log", "-1", "--format=%B", sha).stdout.decode(errors="replace")
         try:
             data = json.loads(message)
         except ValueError:
@@ -112,20 +120,22 @@ class Lease:
     def _commit(self, data: dict[str, object]) -> str:
         if self.key is not None:
             data = {**data, "auth": lease_mac(self.key, str(data["holder"]), float(str(data["expires"])))}
-        empty = self._git("hash-object", "-t", "tree", "-w", "--stdin", input=b"").stdout.decode().strip()
-        out = self._git("commit-tree", empty, "-F", "-", input=json.dumps(data, sort_keys=True).encode())
-        return out.stdout.decode().strip()
+        empty = git.run(self._repo, "hash-object", "-t", "tree", "-w", "--stdin", input=b"").decode().strip()
+        message = json.dumps(data, sort_keys=True).encode()
+        return git.run(self._repo, "commit-tree", empty, "-F", "-", input=message, env=AUTHOR).decode().strip()
 
     def _swap(self, new: str, old: str | None) -> bool:
         if self.source.local:
-            return self._git("update-ref", LEASE_REF, new, old or ZERO).returncode == 0
-        push = self._git(
-            "push", "--quiet", f"--force-with-lease={LEASE_REF}:{old or ''}", "origin", f"{new}:{LEASE_REF}"
-        )
+            return git.probe(self._repo, "update-ref", LEASE_REF, new, old or ZERO).returncode == 0
+        lease = f"--force-with-lease={LEASE_REF}:{old or ''}"
+        try:
+            push = git.probe(self._repo, "push", "--quiet", lease, "origin", f"{new}:{LEASE_REF}")
+        except GitError:  # the remote did not answer in time: not taken
+            return False
         if push.returncode != 0:
             return False
-        self._git("update-ref", LEASE_REF, new)
-        self._git("update-ref", tracking_ref(LEASE_REF), new)
+        git.probe(self._repo, "update-ref", LEASE_REF, new)
+        git.probe(self._repo, "update-ref", tracking_ref(LEASE_REF), new)
         return True
 
 

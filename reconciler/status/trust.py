@@ -21,12 +21,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from reconciler import git
 from reconciler.status.auth import commit_verifies, has_trailer, status_key
-from reconciler.status.branch import read_documents
+from reconciler.status.store import StatusStore
 
 log = logging.getLogger("argus")
 # How far back a lost anchor is looked for on the tip's first-parent history.
@@ -44,13 +45,9 @@ class Resolution:
     alerts: list[str] = field(default_factory=list)
 
 
-def _git(repo: str, *args: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(["git", "-C", repo, *args], capture_output=True, check=False)
-
-
 def commit_parts(repo: str, sha: str) -> tuple[str, list[str], str] | None:
     """``(tree, parents, message)`` of commit ``sha``; None when it is not a commit here."""
-    proc = _git(repo, "cat-file", "commit", sha)
+    proc = git.probe(repo, "cat-file", "commit", sha)
     if proc.returncode != 0:
         return None
     head, _, message = proc.stdout.partition(b"\n\n")
@@ -168,24 +165,21 @@ class StatusTrust:
 
 
 def _is_ancestor(repo: str, a: str, b: str) -> bool:
-    return _git(repo, "merge-base", "--is-ancestor", a, b).returncode == 0
+    return git.probe(repo, "merge-base", "--is-ancestor", a, b).returncode == 0
 
 
 def _first_parent(repo: str, tip: str, limit: int) -> list[str]:
-    proc = _git(repo, "rev-list", "--first-parent", f"--max-count={limit}", tip)
+    proc = git.probe(repo, "rev-list", "--first-parent", f"--max-count={limit}", tip)
     return proc.stdout.decode().split() if proc.returncode == 0 else []
 
 
-def trusted_documents(repo: str, branch: str, ownership_key: bytes) -> dict[str, dict[str, Any]]:
+def trusted_documents(repo: str, branch: str, ownership_key: bytes) -> Mapping[str, Mapping[str, Any]]:
     """The status documents of the newest commit argus authenticated on ``branch`` (or, in a
-    clone, ``origin/<branch>``), for a one-off run without a daemon's anchor; reported in the log."""
+    clone, ``origin/<branch>``), read by a one-off store, for a run without a daemon's anchor;
+    what was ignored is reported in the log. Raises GitError when git cannot read them."""
     refs = [f"refs/heads/{branch}", f"refs/remotes/origin/{branch}"]
-    tips = [_rev(repo, ref) for ref in refs]
+    tips = [git.rev(repo, ref) for ref in refs]
     resolution = StatusTrust(status_key(ownership_key)).resolve(repo, tips)
     for alert in resolution.alerts:
         log.warning("status integrity: %s", alert)
-    return read_documents(repo, branch, commit=resolution.base) if resolution.base else {}
-
-
-def _rev(repo: str, ref: str) -> str | None:
-    return _git(repo, "rev-parse", "--verify", "--quiet", ref).stdout.decode().strip() or None
+    return StatusStore(repo, branch).documents(resolution.base) if resolution.base else {}

@@ -10,7 +10,6 @@ built upon, never overwritten.
 from __future__ import annotations
 
 import logging
-import subprocess
 import threading
 import time
 from collections import deque
@@ -18,21 +17,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from reconciler import git
 from reconciler.errors import ConcurrentWrite
 from reconciler.plan.actions import ActionType, Plan
 from reconciler.plan.assess import ObjectStatus
 from reconciler.redact import redact, redact_tree
 from reconciler.source.remote import RepoSource, tracking_ref
-from reconciler.status.branch import (
-    TreeWriter,
-    hash_blobs,
-    read_documents,
-    read_file,
-    tip,
-    tree_blobs,
-    write_note,
-)
+from reconciler.status.branch import TreeWriter, hash_blobs, tip, write_note
 from reconciler.status.documents import dump, dump_json, object_document, readme, readme_row
+from reconciler.status.store import StatusSnapshot, StatusStore
 from reconciler.status.trust import StatusTrust
 
 log = logging.getLogger("argus")
@@ -98,14 +91,13 @@ class StatusWriter:
     redact: Callable[[str], str] = default_redaction
     commits: int = 0
     files_changed: int = 0  # files the last commit changed (for benchmarks and tests)
-    # What this writer knows the branch holds (valid while the tip is ``_tip``): documents,
-    # blob ids, README rows and the inputs each document was built from.
+    # The commit this writer builds on (``_tip``): its files are in the store (:meth:`_view`; the
+    # one cache of them); what the writer derives from them is here: README rows and the inputs
+    # each document was built from.
     _tip: str | None = None
-    _docs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    _blobs: dict[str, str] = field(default_factory=dict)
     _rows: dict[str, str] = field(default_factory=dict)
     _inputs: dict[str, tuple[Any, ...]] = field(default_factory=dict)
-    _root: dict[str, Any] = field(default_factory=dict)
+    _store_: StatusStore | None = None
     _last_actual: Mapping[str, Any] | None = None
     _written: dict[str, bytes] = field(default_factory=dict)  # README.md / revision.yaml as last written
     # actual.json's list entries as last redacted (their JSON -> the redacted entry): only entries
@@ -122,6 +114,17 @@ class StatusWriter:
 
     def __post_init__(self) -> None:
         self.source.status_branch = self.branch  # mirrored from the remote never (remote.py)
+
+    @property
+    def _store(self) -> StatusStore:
+        if self._store_ is None or self._store_.repo != self.source.repo.path:
+            self._store_ = StatusStore(self.source.repo.path, self.branch)
+        return self._store_
+
+    def _view(self) -> StatusSnapshot:
+        """The files of ``_tip`` (call under the lock): the store holds them, so this reads
+        nothing unless the store was handed another commit since."""
+        return self._store.read(self._tip) if self._tip else StatusSnapshot(tip=None)
 
     @property
     def _trees(self) -> TreeWriter:
@@ -174,13 +177,14 @@ class StatusWriter:
                 return False
             return self._refs()[1] != self._expected
 
-    def documents(self) -> dict[str, dict[str, Any]]:
-        """The status documents the branch holds now (re-read only when its tip moved).
+    def documents(self) -> Mapping[str, Mapping[str, Any]]:
+        """The status documents of the commit argus builds on (re-read only when its tip moved;
+        from the store, :mod:`reconciler.status.store`). Raises GitError when git cannot read them.
 
         The run records in them are what the planner treats as runs (never resubmitted)."""
         with self._lock:
             self._refresh()
-            return self._docs
+            return self._view().docs
 
     def record_runs(self, runs: list[tuple[Any, str, str]]) -> bool:
         """Record ``(task key, submission id, spec hash)`` runs as SUBMITTED on the branch, and
@@ -192,7 +196,9 @@ class StatusWriter:
             with self._lock:
                 parent = self._refresh()
                 expected = self._expected
-                docs, known = dict(self._docs), dict(self._blobs)
+                view = self._view()
+                docs: dict[str, Mapping[str, Any]] = dict(view.docs)
+                known = dict(view.blobs)
             for key, sid, spec_hash in runs:
                 doc = dict(docs.get(key.path) or {"object": str(key), "kind": "Task", "state": "SUBMITTED"})
                 old = doc.get("runs")
@@ -201,7 +207,7 @@ class StatusWriter:
                 doc["runs"] = [*recorded, {"submission_id": sid, "spec_hash": spec_hash, "status": "SUBMITTED"}]
                 docs[key.path] = doc
             for key, _sid, _hash in runs:
-                docs[key.path] = self._safe(docs[key.path])
+                docs[key.path] = self._safe(dict(docs[key.path]))
             changed = {key.path: dump(docs[key.path]) for key, _sid, _hash in runs}
             blobs = {**known, **hash_blobs(self.source.repo.path, changed)}
             message = self.redact("argus: submitting " + ", ".join(sid for _key, sid, _hash in runs) + "\n")
@@ -216,7 +222,8 @@ class StatusWriter:
                 if commit is not None:
                     with self._lock:
                         if self._tip == parent:
-                            self._tip, self._docs, self._blobs = commit, docs, blobs
+                            self._store.adopt(commit, blobs, {key.path: docs[key.path] for key, _s, _h in runs})
+                            self._tip = commit
                             for key, _sid, _hash in runs:  # rebuilt from the record by the next write
                                 self._inputs.pop(key.path, None)
                                 self._rows[key.path] = readme_row(key.path, docs[key.path])
@@ -250,10 +257,7 @@ class StatusWriter:
             self.alert(f"the status branch is missing on the remote: {base[:12]} is published again")
         if base is not None and base == published and local != published:
             # Another daemon with this key wrote on: the local ref follows (compare-and-swap).
-            moved = subprocess.run(
-                ["git", "-C", repo, "update-ref", f"refs/heads/{self.branch}", base, local or "0" * 40],
-                capture_output=True,
-            )
+            moved = git.probe(repo, "update-ref", f"refs/heads/{self.branch}", base, local or "0" * 40)
             if moved.returncode == 0:
                 local = base
         self._expected = local
@@ -266,13 +270,9 @@ class StatusWriter:
         """(the local status ref, the remote's copy of it: None for a local repository)."""
         own = f"refs/heads/{self.branch}"
         refs = [own] if self.source.local else [own, tracking_ref(own)]
-        proc = subprocess.run(
-            ["git", "-C", self.source.repo.path, "for-each-ref", "--format=%(objectname) %(refname)", *refs],
-            capture_output=True,
-            text=True,
-        )
+        listing = git.text(self.source.repo.path, "for-each-ref", "--format=%(objectname) %(refname)", *refs)
         found: dict[str, str] = {}
-        for line in proc.stdout.splitlines():
+        for line in listing.splitlines():
             sha, _, ref = line.partition(" ")
             found[ref] = sha
         return found.get(own), (None if self.source.local else found.get(tracking_ref(own)))
@@ -289,12 +289,10 @@ class StatusWriter:
         self._refs_seen = None
 
     def _reload(self, parent: str | None) -> None:
-        """Forget the cache and read what the branch holds at ``parent``."""
-        repo = self.source.repo.path
-        self._docs = read_documents(repo, self.branch, commit=parent) if parent else {}
-        self._blobs = tree_blobs(repo, parent) if parent else {}
-        self._root = read_file(repo, parent, ROOT_FILE) if parent else {}
-        self._rows = {path: readme_row(path, doc) for path, doc in self._docs.items()}
+        """Build on ``parent``: the store reads what the branch holds there (what changed since
+        the commit it read last), and what the writer derives from it is rebuilt."""
+        docs = self._store.read(parent).docs if parent else {}
+        self._rows = {path: readme_row(path, doc) for path, doc in docs.items()}
         self._inputs = {}
         self._tip = parent
 
@@ -304,10 +302,12 @@ class StatusWriter:
             parent = self._refresh()
             expected = self._expected
             alerts = list(self.alerts)
-            previous, known_inputs, known_blobs = self._docs, dict(self._inputs), dict(self._blobs)
+            view = self._view()
+            previous, known_inputs, known_blobs = view.docs, dict(self._inputs), dict(view.blobs)
+            known_root = view.root.get(ROOT_FILE)
             known_rows, known_written = dict(self._rows), dict(self._written)
             last_actual = self._last_actual
-        docs: dict[str, dict[str, Any]] = {}
+        docs: dict[str, Mapping[str, Any]] = {}
         inputs: dict[str, tuple[Any, ...]] = {}
         changed_docs: dict[str, dict[str, Any]] = {}
         transitions: list[str] = []
@@ -378,7 +378,7 @@ class StatusWriter:
             rows.pop(path, None)
         for path in changed:
             rows[path] = readme_row(path, docs[path])
-        root = self._root_document(report)
+        root = self._root_document(report, known_root if isinstance(known_root, dict) else {})
         errors = [self.redact(e) for e in report.errors]
         if report.source_error:
             errors.insert(0, f"source unavailable: {self.redact(report.source_error)}")
@@ -392,6 +392,7 @@ class StatusWriter:
         changed[ROOT_FILE] = dump(root)
         actual = report.actual if report.actual is not None else None
         actual_entries: dict[str, Any] | None = None
+        safe_actual: dict[str, Any] = {}
         if actual is not None and (actual != last_actual or "actual.json" not in known_blobs):
             safe_actual, actual_entries = self._safe_actual(actual)
             changed["actual.json"] = dump_json(safe_actual)
@@ -410,8 +411,14 @@ class StatusWriter:
             if commit is not None:
                 self._committed(commit)
             if (commit is not None or parent is not None) and self._tip == parent:
-                self._tip = commit or parent
-                self._docs, self._blobs, self._rows, self._inputs, self._root = docs, blobs, rows, inputs, root
+                self._tip = now_at = commit or parent
+                values: dict[str, Any] = {**docs, ROOT_FILE: root}
+                if "README.md" in changed:
+                    values["README.md"] = changed["README.md"].decode("utf-8", errors="replace")
+                if actual_entries is not None:
+                    values["actual.json"] = safe_actual
+                self._store.adopt(str(now_at), blobs, values)
+                self._rows, self._inputs = rows, inputs
                 self._written = written
                 if actual is not None:
                     self._last_actual = actual
@@ -450,10 +457,11 @@ class StatusWriter:
             out[self.redact(str(name))] = items
         return out, entries
 
-    def _root_document(self, report: StatusReport) -> dict[str, Any]:
+    def _root_document(self, report: StatusReport, known: Mapping[str, Any]) -> dict[str, Any]:
         """``revision.yaml``: the desired revision last attempted and last applied without a
-        failure, for the whole repository (object documents do not carry it)."""
-        root = {k: v for k, v in self._root.items() if k != "daemon_error"}
+        failure, for the whole repository (object documents do not carry it), from ``known``
+        (the file as the branch holds it)."""
+        root = {k: v for k, v in known.items() if k != "daemon_error"}
         revisions = dict(root.get("revision") or {})
         if report.revision:
             revisions["last_attempted"] = report.revision

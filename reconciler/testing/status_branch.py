@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Mapping
 from typing import Any
 
 import yaml
+
+from reconciler import git
 
 
 def commit_files(
@@ -23,9 +24,7 @@ def commit_files(
     holds exactly ``files``. Returns the new commit id.
     """
     ref = f"refs/heads/{branch}"
-    parent = subprocess.run(
-        ["git", "-C", repo, "rev-parse", "--verify", "--quiet", ref], capture_output=True, text=True
-    ).stdout.strip()
+    parent = git.rev(repo, ref)
     msg = message.encode()
     out = [
         f"commit {ref}\n".encode(),
@@ -43,15 +42,8 @@ def commit_files(
         else:
             out.append(f"M 100644 inline {path}\ndata {len(data)}\n".encode() + data + b"\n")
     out.append(b"done\n")
-    subprocess.run(
-        ["git", "-C", repo, "fast-import", "--quiet", "--done", "--force"],
-        input=b"".join(out),
-        check=True,
-        capture_output=True,
-    )
-    return subprocess.run(
-        ["git", "-C", repo, "rev-parse", ref], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    git.run(repo, "fast-import", "--quiet", "--done", "--force", input=b"".join(out))
+    return git.text(repo, "rev-parse", ref)
 
 
 def dump(doc: Mapping[str, Any]) -> bytes:

@@ -1,4 +1,4 @@
-"""The page handler the daemon serves: status branch reader + Ray logs + redaction, wired once. I/O."""
+"""The page handler the daemon serves: the status store + Ray logs + redaction, wired once. I/O."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from collections.abc import Iterable
 
 from reconciler.dashboard import Dashboard
 from reconciler.logs.ray import RayLogs, redactor
+from reconciler.status.store import StatusStore
 from reconciler.web.handler import build_handler
-from reconciler.web.reader import StatusReader
 from reconciler.web.response import PageHandler
 
 
@@ -29,5 +29,5 @@ def daemon_pages(
     """
     redact = redactor([v for v in secret_values if v])
     logs = RayLogs(dash, redact, ownership_key=ownership_key) if dash is not None else None
-    reader = StatusReader(repo, status_branch, redact=redact)  # served redacted, whoever wrote the branch
+    reader = StatusStore(repo, status_branch, redact=redact)  # served redacted, whoever wrote the branch
     return build_handler(reader, logs=logs, endpoint=endpoint, refresh_s=refresh_s)

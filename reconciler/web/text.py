@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
 from collections.abc import Mapping
 from typing import Any
 
-from reconciler.errors import ArgusError, SourceUnavailable
+from reconciler import git
+from reconciler.errors import ArgusError, GitError, SourceUnavailable
 from reconciler.redact import redact
 from reconciler.source.git import GitRepo
 from reconciler.source.remote import RepoSource, open_source
@@ -23,18 +23,14 @@ def status_remote(path: str, requested: str | None) -> str | None:
     ``requested`` (``--remote``), else the current branch's upstream remote, else ``origin``, else
     the only remote; None when the clone has no remote (the daemon's own repository).
     Raises ArgusError for an unknown ``requested`` remote or several remotes and no upstream."""
-    remotes = subprocess.run(["git", "-C", path, "remote"], capture_output=True, text=True).stdout.split()
+    remotes = git.text(path, "remote", check=False).split()
     if requested:
         if requested not in remotes:
             raise ArgusError(f"no remote {requested!r} in {path} (remotes: {', '.join(remotes) or 'none'})")
         return requested
-    head = subprocess.run(["git", "-C", path, "symbolic-ref", "-q", "--short", "HEAD"], capture_output=True, text=True)
-    if head.returncode == 0 and head.stdout.strip():
-        upstream = subprocess.run(
-            ["git", "-C", path, "config", "--get", f"branch.{head.stdout.strip()}.remote"],
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
+    head = git.text(path, "symbolic-ref", "-q", "--short", "HEAD", check=False)
+    if head:
+        upstream = git.text(path, "config", "--get", f"branch.{head}.remote", check=False)
         if upstream in remotes:
             return upstream
     if "origin" in remotes:
@@ -72,12 +68,10 @@ def fetch_status_source(
     name = status_remote(source.repo.path, remote)
     if name is None:
         return source, None, None  # the daemon writes here itself: nothing to fetch
-    proc = subprocess.run(
-        ["git", "-C", source.repo.path, "fetch", "-q", name, f"+refs/heads/{branch}:refs/remotes/{name}/{branch}"],
-        capture_output=True,
-    )
-    if proc.returncode != 0:
-        why = redact(proc.stderr.decode(errors="replace").strip())
+    try:
+        git.run(source.repo.path, "fetch", "-q", name, f"+refs/heads/{branch}:refs/remotes/{name}/{branch}")
+    except GitError as exc:
+        why = redact(exc.stderr) if exc.stderr else str(exc)
         return source, f"could not fetch {branch} from {name}: {why}", name
     return source, None, name
 

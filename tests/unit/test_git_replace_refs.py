@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from reconciler import gitenv
+from reconciler import git as gitmodule
 from reconciler.source.git import GitRepo
 from reconciler.status.branch import read_file
 from tests.unit.gitrepo import GIT_ENV, WorkRepo
@@ -45,7 +45,7 @@ def replaced_repo(tmp_path: Path) -> tuple[WorkRepo, str]:
 
 def test_the_package_sets_it_for_every_child_process() -> None:
     assert os.environ["GIT_NO_REPLACE_OBJECTS"] == "1"
-    assert gitenv.GIT_ENV == {"GIT_NO_REPLACE_OBJECTS": "1"}
+    assert gitmodule.GIT_ENV == {"GIT_NO_REPLACE_OBJECTS": "1"}
 
 
 def test_the_source_reads_the_real_blob(tmp_path: Path) -> None:

@@ -79,7 +79,7 @@ def _world(root: Path) -> World:
 def _decide(parts: Parts, memory: Memory, now: int) -> Planned:
     parts.source.fetch()
     revision = parts.revisions.read(fetch=False)
-    return decide(revision, parts.observe(revision), memory, now=now)
+    return decide(revision, parts.observe(revision), memory, now=now, planner=parts.planner)
 
 
 def _summary(planned: Planned) -> tuple[Any, ...]:
@@ -171,7 +171,5 @@ def test_a_running_daemon_decides_what_a_restarted_one_would(sequence: list[tupl
             # Then the running daemon ticks for real: it applies and writes its status.
             parts = daemon.parts
             revision = parts.revisions.read(fetch=False)
-            result, daemon.memory = tick(
-                revision, parts.observe(revision), daemon.memory, parts.applier, parts.record_runs, now=world.now
-            )
+            result, daemon.memory = tick(parts, revision, parts.observe(revision), daemon.memory, now=world.now)
             daemon.reporter.report(result)
