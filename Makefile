@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.argus-installed
 
-.PHONY: demo test lint unit e2e venv clean sysdeps bench-compose
+.PHONY: demo test lint unit e2e venv clean sysdeps bench-compose bench-load bench-web bench-tick bench-memory bench-daemon bench-100k
 
 venv: $(STAMP)
 
@@ -55,6 +55,28 @@ demo: venv
 # then the compose test itself timed. Heavy (root, ~25 min warm): niced, once per release.
 bench-compose: venv sysdeps
 	nice -n 10 $(BIN)/python bench/compose_stack.py $(BENCH_ARGS)
+
+# The scale figures (docs/benchmarks.md), each one command from a fresh clone; BENCH_ARGS passes
+# options (e.g. BENCH_ARGS="--users 10000" for 100,000 objects). Niced: the machine is shared.
+BENCH := nice -n 5 env PYTHONPATH=. RAY_USAGE_STATS_ENABLED=0 $(BIN)/python
+bench-load: venv
+	$(BENCH) bench/load_plan.py $(BENCH_ARGS)
+bench-web: venv
+	$(BENCH) bench/web_overview.py $(BENCH_ARGS)
+bench-tick: venv
+	$(BENCH) bench/tick_cpu.py $(BENCH_ARGS)
+bench-memory: venv
+	$(BENCH) bench/memory.py $(BENCH_ARGS)
+# Starts its own Ray head and two daemons (at 100,000 objects about 25 min on 2 shared cores).
+bench-daemon: venv
+	$(BENCH) bench/daemon_latency.py $(BENCH_ARGS)
+
+# Every 100,000-object figure of docs/benchmarks.md in one run (about an hour on 2 cores).
+bench-100k: venv
+	$(BENCH) bench/tick_cpu.py --sizes 1000,10000,100000
+	$(BENCH) bench/web_overview.py --users 10000 --rounds 10
+	$(BENCH) bench/memory.py --objects 100000 --no-trace
+	$(BENCH) bench/daemon_latency.py --users 10000 --pushes 10
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

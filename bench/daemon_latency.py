@@ -123,10 +123,39 @@ def status_commit_for(repo: ConfigRepo, sha: str, pushed: float, timeout: float 
 
 
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Stop the daemons: at 100,000 objects one writes its pending status first (over a minute
+    on 2 shared cores; a 60 s limit lost a 23-minute run's figures), so wait, then kill."""
     for proc in procs:
         if proc.poll() is None:
             proc.terminate()
-            proc.wait(timeout=60)
+    for proc in procs:
+        try:
+            proc.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def print_results(
+    args: argparse.Namespace,
+    lat: dict[str, list[float]],
+    commits: list[tuple[float, list[str]]],
+    rss: float,
+    first: float,
+) -> None:
+    """Print the figures (while the daemons still run)."""
+    load = os.getloadavg()
+    print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load {load[0]:.1f}")
+    print(f"| push -> job submitted (n={args.pushes} each, interleaved) | p50 | p95 | max |")
+    print("|---|---|---|---|")
+    for label, values in lat.items():
+        what = "almost empty repository" if label == "empty" else f"{args.users * 10:,} objects"
+        print(f"| {what} | {statistics.median(values):.2f} s | {pct(values, 0.95):.2f} s | {max(values):.2f} s |")
+    ratio = statistics.median(lat["big"]) / statistics.median(lat["empty"])
+    print(f"\np50 ratio big/empty: {ratio:.2f}x")
+    for seconds, files in commits:
+        print(f"status commit after a one-file push: {seconds:.1f} s after the push, {len(files)} files: {files}")
+    print(f"big daemon: peak RSS {rss:.0f} MB; first status commit {first:.1f} s after start")
 
 
 def main() -> int:
@@ -157,28 +186,18 @@ def main() -> int:
                 for label, repo in (("empty", empty), ("big", big)):
                     seconds, _sha = push_task(repo, dash, f"{label[0]}{i:03d}")
                     lat[label].append(seconds)
+                    print(f"{label} push {i}: {seconds:.2f} s", file=sys.stderr, flush=True)
                 time.sleep(0.5)
             for i in range(3):  # a one-file push once the branch is quiet (the last run's end recorded)
                 wait_quiet(big, 60)
                 seconds, sha = push_task(big, dash, f"s{i:03d}")
                 commits.append(status_commit_for(big, sha, time.time() - seconds))
             rss = rss_peak_mb(big_proc.pid)
+            print_results(args, lat, commits, rss, first)  # before stopping: nothing measured is lost
             stop(procs)  # before the folder they write to goes
     finally:
         stop(procs)
         head.stop()
-    load = os.getloadavg()
-    print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load {load[0]:.1f}")
-    print(f"| push -> job submitted (n={args.pushes} each, interleaved) | p50 | p95 | max |")
-    print("|---|---|---|---|")
-    for label, values in lat.items():
-        what = "almost empty repository" if label == "empty" else f"{args.users * 10:,} objects"
-        print(f"| {what} | {statistics.median(values):.2f} s | {pct(values, 0.95):.2f} s | {max(values):.2f} s |")
-    ratio = statistics.median(lat["big"]) / statistics.median(lat["empty"])
-    print(f"\np50 ratio big/empty: {ratio:.2f}x")
-    for seconds, files in commits:
-        print(f"status commit after a one-file push: {seconds:.1f} s after the push, {len(files)} files: {files}")
-    print(f"big daemon: peak RSS {rss:.0f} MB; first status commit {first:.1f} s after start")
     return 0
 
 

@@ -60,6 +60,8 @@ def make_branch(repo: str, users: int, models: int, tasks: int) -> int:
             files[f"users/{user}/tasks/task-{i}.yaml"] = dump(task_doc(user, f"task-{i}", state, **extra))
             n += 1
     files["README.md"] = b"# argus status\n\nDesired revision: `" + b"a" * 40 + b"`\n"
+    # The branch-level record the daemon writes (reconciler/status/writer.py, ROOT_FILE).
+    files["revision.yaml"] = dump({"revision": {"last_attempted": "a" * 40, "last_applied": "a" * 40}, "subject": "b"})
     files["actual.json"] = json.dumps(actual).encode()
     commit_files(repo, files)
     return n

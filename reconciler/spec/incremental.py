@@ -19,7 +19,7 @@ from typing import Any
 
 from reconciler.errors import Issue
 from reconciler.spec.aliases import clashes
-from reconciler.spec.loader import ModelCheck, ParseCache, SourceFile, TaskCheck, drop_clashes, load
+from reconciler.spec.loader import ModelCheck, ParseCache, SourceFile, TaskCheck, check_ids, drop_clashes, load
 from reconciler.spec.paths import FileSystem
 from reconciler.spec.types import DesiredState, ModelSpec, ObjectKey, TaskSpec
 
@@ -54,7 +54,11 @@ class IncrementalLoader:
     _cluster_source: SourceFile | None = None
     _folders: dict[str, _Folder] = field(default_factory=dict)
     _order: list[str] = field(default_factory=list)  # folder names, sorted
-    _names: dict[str, set[ObjectKey]] = field(default_factory=dict)  # served name or alias -> models
+    # Served name or alias -> the one model holding it; names held by several models (clashes
+    # to resolve) are in _shared instead. Two tables, not a set per name: 100,000 one-element
+    # sets took ~20 MB.
+    _names: dict[str, ObjectKey] = field(default_factory=dict)
+    _shared: dict[str, set[ObjectKey]] = field(default_factory=dict)
 
     def load(
         self,
@@ -73,20 +77,15 @@ class IncrementalLoader:
         created = created or {}
         cluster_file = next((f for f in files if f.path == CLUSTER), None)
         generation = getattr(fs, "generation", None)
-        basis = (
-            cluster_file,
-            id(fs) if fs is not None else None,
-            generation,
-            id(task_check) if task_check else None,
-            id(model_check) if model_check else None,
-        )
+        basis = (cluster_file, id(fs) if fs is not None else None, generation, check_ids(task_check, model_check))
         kw: dict[str, Any] = dict(fs=fs, cache=self.cache, task_check=task_check, model_check=model_check)
         if fs is not None and generation is None:  # it answers anew every time: nothing can be reused
             self._reset()
             return load(
                 files, created=created, default_time=default_time, revision=revision, approve_prune=approve_prune, **kw
             )
-        if basis != self._basis:
+        rebased = basis != self._basis
+        if rebased:
             self._reset()
         self._cluster_source = cluster_file
         try:
@@ -116,13 +115,15 @@ class IncrementalLoader:
             self._reset()
             raise
         self._basis = basis
+        if rebased:  # every folder was built again: what was built on the old basis is dead
+            self.cache.keep_basis(cluster_file.blob if cluster_file else None, basis[3], generation)
         if len(self.cache.entries) > 2 * len(files) + 1024 or len(self.cache.built) > 2 * len(files) + 1024:
             self._prune(files)
         return result
 
     def _reset(self) -> None:
         self._basis, self._cluster = None, None
-        self._folders, self._order, self._names = {}, [], {}
+        self._folders, self._order, self._names, self._shared = {}, [], {}, {}
 
     def _add(self, name: str, sigs: dict[str, _Signature], default_time: int, kw: dict[str, Any]) -> None:
         files = [f for f, _when in sigs.values()]
@@ -143,18 +144,29 @@ class IncrementalLoader:
         bisect.insort(self._order, name)
         for key, model in folder.models.items():
             for served in dict.fromkeys((model.served_name, model.alias)):
-                self._names.setdefault(served, set()).add(key)
+                shared = self._shared.get(served)
+                holder = self._names.get(served)
+                if shared is not None:
+                    shared.add(key)
+                elif holder is not None and holder != key:
+                    self._shared[served] = {holder, key}
+                    del self._names[served]
+                else:
+                    self._names[served] = key
 
     def _drop(self, name: str) -> None:
         folder = self._folders.pop(name)
         del self._order[bisect.bisect_left(self._order, name)]
         for key, model in folder.models.items():
             for served in dict.fromkeys((model.served_name, model.alias)):
-                holders = self._names.get(served)
-                if holders is not None:
-                    holders.discard(key)
-                    if not holders:
-                        del self._names[served]
+                shared = self._shared.get(served)
+                if shared is not None:
+                    shared.discard(key)
+                    if len(shared) == 1:
+                        self._names[served] = shared.pop()
+                        del self._shared[served]
+                elif self._names.get(served) == key:
+                    del self._names[served]
 
     def _merge(self, revision: str | None, approve_prune: bool) -> DesiredState:
         assert self._cluster is not None
@@ -170,7 +182,7 @@ class IncrementalLoader:
             state.invalid.update(folder.invalid)
             issues.extend(folder.issues)
         # Only a model some other model shares a name with can lose it (see aliases.clashes).
-        contended = {key for keys in self._names.values() if len(keys) > 1 for key in keys}
+        contended = {key for keys in self._shared.values() for key in keys}
         if contended:
             issues.extend(drop_clashes(state, clashes(state.models[k] for k in contended)))
         state.issues = sorted(set(issues))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -102,6 +103,14 @@ class ParseCache:
         table[key] = value
         self.weights[key] = weight
         self.bytes += weight
+
+    def keep_basis(self, cluster_blob: str | None, checks: tuple[int | None, int | None], generation: object) -> None:
+        """Forget the built objects of another cluster.yaml, checks or file-system generation:
+        their keys are never looked up again (a generation only grows), and a daemon starts one
+        every timer tick."""
+        if any(k[3] != cluster_blob or k[4] != checks or k[6] != generation for k in self.built):
+            keep = {k for k in self.built if k[3] == cluster_blob and k[4] == checks and k[6] == generation}
+            self.keep_only(set(self.entries), keep)
 
     def keep_only(self, entries: set[tuple[str, str]], built: set[tuple[object, ...]]) -> None:
         """Forget every entry but ``entries`` and ``built`` (what the current tree uses)."""
@@ -199,6 +208,7 @@ def load(
     task_names = {(k.user, k.name) for k in objects if k.kind == "task"}
     cluster_blob = by_path["cluster.yaml"].blob if "cluster.yaml" in by_path else None
     used: list[tuple[object, ...]] = []
+    checks = check_ids(task_check, model_check)
     for key, file in objects.items():
         doc, file_issues = _parse_checked(file, KIND_OF_FOLDER[key.kind + "s"], cache)
         when = created.get(file.path, default_time)
@@ -209,7 +219,7 @@ def load(
         if (fs is None or generation is not None) and doc is not None:
             source = doc.data.get("source")
             has_task = isinstance(source, str) and source.startswith("task:") and (key.user, source[5:]) in task_names
-            checks = (id(task_check) if task_check else None, id(model_check) if model_check else None)
+            # The layout ParseCache.keep_basis reads: (path, blob, when, cluster blob, checks, has_task, generation).
             memo = (file.path, file.blob, when, cluster_blob, checks, has_task, generation)
             used.append(memo)
             built = cache.built.get(memo)
@@ -261,6 +271,11 @@ def load(
         cache.keys = {p: k for p, k in cache.keys.items() if p in by_path}
     state.issues = sorted(set(issues))
     return state
+
+
+def check_ids(task_check: TaskCheck | None, model_check: ModelCheck | None) -> tuple[int | None, int | None]:
+    """Which checks a built object was checked with, as its cache key holds them."""
+    return (id(task_check) if task_check else None, id(model_check) if model_check else None)
 
 
 def drop_clashes(state: DesiredState, found: Mapping[ObjectKey, tuple[str, ModelSpec]]) -> list[Issue]:
@@ -368,7 +383,8 @@ def _classify(path: str) -> tuple[ObjectKey | None, str | None]:
     if not filename.endswith(".yaml"):
         return None, f"only <name>.yaml files are allowed in {folder}/"
     kind: Kind = "model" if folder == "models" else "task"
-    return ObjectKey(parts[1], kind, filename[: -len(".yaml")]), None
+    # Interned: the user's name is in each of its objects' keys, and keys sit in every table.
+    return ObjectKey(sys.intern(parts[1]), kind, filename[: -len(".yaml")]), None
 
 
 def _parse_checked(file: SourceFile, kind: str, cache: ParseCache) -> tuple[Document | None, list[Issue]]:

@@ -16,6 +16,7 @@ exhaust the C stack), the file is parsed again by the pure-Python strict parser,
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,14 @@ _SCALARS: dict[str, Callable[[Any, ScalarNode], Any]] = {
     )
 }
 _JSON_SCALARS = (str, int, bool, type(None))
+# Memory at 100,000 objects (every parsed document stays in the parse cache): the same keys,
+# short values and key paths recur in every file, so they are shared, not held once per file.
+# Strings go through sys.intern (mortal: freed with the last document holding them); key paths
+# of short names are kept in a table bounded in entries and in name length, so no input can
+# grow it past a few hundred KB.
+SHARE_MAX_CHARS = 64
+_PATHS_MAX = 4096
+_PATHS: dict[JsonPath, JsonPath] = {}
 
 
 @dataclass
@@ -245,6 +254,8 @@ class _Walk:
                 if not isinstance(key, str):
                     # `1: x` or `true: x` would be silently retyped by YAML; keys must be names.
                     key = str(key_node.value)
+                if len(key) <= SHARE_MAX_CHARS:
+                    key = sys.intern(key)
                 if key in out:
                     first = doc.lines.get((*where, key), 0)
                     raise YamlError(
@@ -255,15 +266,17 @@ class _Walk:
                             key_node.start_mark.column + 1,
                         )
                     )
-                doc.lines[(*where, key)] = line
-                out[key] = self.convert(value_node, (*where, key), depth + 1)
+                path = _shared_path((*where, key))
+                doc.lines[path] = line
+                out[key] = self.convert(value_node, path, depth + 1)
             return out
         raise YamlError(Issue(doc.path, node.start_mark.line + 1, f"unsupported YAML node {node.tag}"))
 
     def scalar(self, node: ScalarNode) -> Any:
         tag = node.tag
         if tag == _STR:
-            return node.value
+            value: str = node.value
+            return sys.intern(value) if len(value) <= SHARE_MAX_CHARS else value
         constructor = _SCALARS.get(tag)
         try:
             if constructor is not None:
@@ -279,3 +292,13 @@ class _Walk:
             raise YamlError(
                 Issue(self.doc.path, node.start_mark.line + 1, f"invalid YAML: {shown!r} is not a valid {short}")
             ) from exc
+
+
+def _shared_path(path: JsonPath) -> JsonPath:
+    """``path``, or the equal tuple already held for another document (see :data:`_PATHS`)."""
+    held = _PATHS.get(path)
+    if held is not None:
+        return held
+    if len(_PATHS) < _PATHS_MAX and all(isinstance(p, int) or len(p) <= SHARE_MAX_CHARS for p in path):
+        _PATHS[path] = path
+    return path

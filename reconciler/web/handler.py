@@ -147,7 +147,8 @@ def build_handler(
     env = environment()
     lock = threading.Lock()
     cache: dict[str, Derived] = {}
-    row_cache: dict[str, tuple[Mapping[str, Any], view.Row]] = {}
+    overview_rows = view.Overview()
+    held: list[tuple[Mapping[str, Any], view.Capacity]] = []  # actual.json's capacity, by parsed object
 
     def derived(snap: StatusSnapshot) -> Derived:
         key = snap.tip or ""
@@ -158,23 +159,17 @@ def build_handler(
             return cache[key]
 
     def derive(snap: StatusSnapshot) -> Derived:
-        # A new commit changes a few documents: rows of unchanged ones are reused (the reader
-        # hands out the same parsed object while a blob is unchanged).
-        previous = dict(row_cache)
-        row_cache.clear()
-        rows = []
-        for path, doc in snap.docs.items():
-            hit = previous.get(path)
-            r = hit[1] if hit is not None and hit[0] is doc else view.row(path, doc)
-            row_cache[path] = (doc, r)
-            rows.append(r)
-        rows.sort(key=view.sort_key)
+        # A new commit changes a few documents: only their rows move (view.Overview); the
+        # copies below are what requests rendering an older commit keep (C-speed list copies).
+        overview_rows.update(snap.docs)
+        if not held or held[0][0] is not snap.actual:
+            held[:] = [(snap.actual, view.held_capacity(snap.actual))]
         return Derived(
-            rows=rows,
-            capacity=view.capacity(snap.actual, snap.docs),
+            rows=list(overview_rows.rows),
+            capacity=view.queued_capacity(held[0][1], overview_rows.queued),
             revisions=view.revisions(snap.root, snap.docs),
-            users=sorted({r.user for r in rows}),
-            states=Counter(r.state for r in rows),
+            users=list(overview_rows.users),
+            states=Counter(overview_rows.states),
             teams=view.teams(snap.root),
         )
 

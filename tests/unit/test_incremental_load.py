@@ -152,3 +152,29 @@ def test_a_push_reloads_only_the_folder_it_changed() -> None:
     ]
     assert inc.load(recluster, created=created) == load(recluster, created=created)
     assert inc.folders_loaded == 2 * len(USERS) + 1
+
+
+def test_the_cache_keeps_one_generation_of_built_objects() -> None:
+    """Every timer tick starts a new file-system generation and rebuilds every object: the
+    objects built for the last generation (or cluster.yaml) can never be hit again and go,
+    instead of piling up to the cache's bound (at 10,000 objects, ~10 MB a tick)."""
+    spec: dict[str, object] = {
+        "cluster": "plain",
+        "files": [
+            (u, f"models/m{i}.yaml", yaml.safe_dump({"kind": "Model", "source": "$HOME/m"}).encode(), 0)
+            for u in USERS
+            for i in (1, 2)
+        ],
+        "symlink": None,
+        "generation": 0,
+    }
+    files, created = _files(spec)
+    inc, fs = IncrementalLoader(), Generations()
+    for generation in range(5):
+        fs.generation = generation
+        got = inc.load(files, created=created, fs=fs)  # type: ignore[arg-type]
+        assert got == load(files, created=created, fs=fs)  # type: ignore[arg-type]
+        assert len(inc.cache.built) == len(files) - 1  # one per object file, of this generation
+    recluster = [f if f.path != "cluster.yaml" else SourceFile("cluster.yaml", b"kind: Cluster\n", "c2") for f in files]
+    assert inc.load(recluster, created=created, fs=fs) == load(recluster, created=created, fs=fs)  # type: ignore[arg-type]
+    assert len(inc.cache.built) == len(files) - 1

@@ -133,3 +133,21 @@ def test_valid_files_take_the_c_path(monkeypatch: pytest.MonkeyPatch) -> None:
     for path in valid:
         if yamldoc._c_safe(path.read_text("utf-8")):
             parse(str(path), path.read_bytes(), libyaml=True)
+
+
+@pytest.mark.parametrize("libyaml", [True, False])
+def test_documents_share_keys_values_and_paths_within_a_bound(libyaml: bool) -> None:
+    """Two files share their short keys, values and key paths (memory at 100,000 objects); a
+    hostile file of thousands of distinct or long keys cannot grow the shared path table."""
+    text = b"kind: Model\nsource: $HOME/models/m\nengine_kwargs:\n  max_model_len: 4096\n"
+    a, b = parse("users/a/models/m.yaml", text, libyaml=libyaml), parse("users/b/models/m.yaml", text, libyaml=libyaml)
+    assert a.data == b.data and a.lines == b.lines
+    assert next(iter(a.data)) is next(iter(b.data)) and a.data["source"] is b.data["source"]
+    assert [id(k) for k in a.lines] == [id(k) for k in b.lines]
+    long = "k" * (yamldoc.SHARE_MAX_CHARS + 1)
+    many = "".join(f"x{i}: {i}\n" for i in range(2 * yamldoc._PATHS_MAX))
+    hostile = many + f"{long}: 1\n{long[:-1]}y:\n  {long}: 2\n"
+    doc = parse("users/a/models/h.yaml", hostile.encode(), libyaml=libyaml)
+    assert doc.data[long] == 1 and doc.lines[(long,)] == 2 * yamldoc._PATHS_MAX + 1
+    assert len(yamldoc._PATHS) <= yamldoc._PATHS_MAX
+    assert not any(len(str(p)) > yamldoc.SHARE_MAX_CHARS for path in yamldoc._PATHS for p in path)
