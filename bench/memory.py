@@ -32,15 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from tick_cpu import make_repo  # noqa: E402
+from tick_cpu import bench_daemon, make_repo  # noqa: E402
 
-from reconciler.daemon import build_parts  # noqa: E402
-from reconciler.loop import Daemon  # noqa: E402
-from reconciler.server import Metrics  # noqa: E402
-from reconciler.source.remote import open_source  # noqa: E402
-from reconciler.status.writer import StatusWriter  # noqa: E402
 from reconciler.tick import tick  # noqa: E402
-from tests.unit.fake_ray import FakeRay  # noqa: E402
 
 MB = 1024 * 1024
 
@@ -166,17 +160,7 @@ def main() -> int:
             tracemalloc.start(args.frames)
         phases = Phases(not args.no_trace, args.top, "lineno" if args.frames <= 1 else "traceback")
         phases.mark("start")
-        source = open_source(str(repo.bare), str(root / "cache"))
-        parts = build_parts(
-            source,
-            "main",
-            FakeRay(gpus=64),
-            secrets_env={},
-            task_check=lambda t, c: [],
-            model_check=lambda m, c: [],
-            state_dir=str(root / "state"),
-        )
-        daemon = Daemon(parts, StatusWriter(source), metrics=Metrics())
+        daemon = bench_daemon(repo, root)
         parts = daemon.parts  # with the status writer's records
 
         def one_tick(label: str) -> None:

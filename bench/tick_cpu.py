@@ -68,10 +68,9 @@ def make_repo(root: Path, objects: int) -> ConfigRepo:
     return repo
 
 
-def measure(root: Path, objects: int, pushes: int, profile: bool) -> dict[str, float]:
-    t0 = time.perf_counter()
-    repo = make_repo(root, objects)
-    made = time.perf_counter() - t0
+def bench_daemon(repo: ConfigRepo, root: Path) -> Daemon:
+    """The daemon the benches tick in process: the real parts and status writer on ``repo``, the
+    dashboard stand-in for Ray (64 GPUs), caches and state under ``root``."""
     source = open_source(str(repo.bare), str(root / "cache"))
     parts = build_parts(
         source,
@@ -82,7 +81,14 @@ def measure(root: Path, objects: int, pushes: int, profile: bool) -> dict[str, f
         model_check=lambda m, c: [],
         state_dir=str(root / "state"),
     )
-    daemon = Daemon(parts, StatusWriter(source), metrics=Metrics())
+    return Daemon(parts, StatusWriter(source), metrics=Metrics())
+
+
+def measure(root: Path, objects: int, pushes: int, profile: bool) -> dict[str, float]:
+    t0 = time.perf_counter()
+    repo = make_repo(root, objects)
+    made = time.perf_counter() - t0
+    daemon = bench_daemon(repo, root)
     parts = daemon.parts  # with the status writer's records
     start = cpu_seconds()
     assert daemon.run_once() == 0.0, daemon.last_error or daemon.tick_exception
