@@ -11,7 +11,7 @@ runs), ``sync`` is whether what runs matches git (Synced, OutOfSync, Invalid, Su
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from reconciler.plan.actions import Action, ActionType, Plan
 from reconciler.plan.actual import PREEMPTED, ActualJob, ActualState
@@ -57,9 +57,11 @@ def failure_reason(message: str) -> str:
     return reason[:REASON_CHARS]
 
 
-@dataclass
+@dataclass(frozen=True)
 class ObjectStatus:
-    """What the status branch and ``argus reconcile`` report for one object."""
+    """What the status branch and ``argus reconcile`` report for one object: a value (the
+    incremental assessment hands the same status to every tick until its inputs change;
+    :func:`dataclasses.replace` makes an amended one)."""
 
     key: ObjectKey
     state: str
@@ -71,7 +73,7 @@ class ObjectStatus:
     replicas_ready: int | None = None
     gpus: float = 0.0
     submission_id: str | None = None
-    runs: list[ActualJob] = field(default_factory=list)
+    runs: tuple[ActualJob, ...] = ()
     first_seen: int | None = None  # when the daemon first saw it (UTC epoch s): the admission order
     preempted_by: str | None = None  # the object this tick stops (or scales down) this one for
 
@@ -144,16 +146,13 @@ def object_status(
     task, its ``runs`` (:meth:`ActualState.runs`). Reads of ``desired`` and ``actual`` only the
     entries of ``key``, ``actual.stopping`` and ``plan.first_seen``."""
     if key.kind == "model":
-        status = _model(key, desired, actual, actions, done)
+        status = _model(key, desired, actual, actions, done, plan.first_seen.get(key))
     else:
-        status = _task(key, desired, runs, actions, done, actual.stopping)
-    status.first_seen = plan.first_seen.get(key)
+        status = _task(key, desired, runs, actions, done, actual.stopping, plan.first_seen.get(key))
     preemptor = next((a.preempted_by for a in actions if a.preempted_by is not None and done), None)
     if preemptor is None and _waiting(status):
         preemptor = actual.preempted.get(key)
-    if preemptor is not None:
-        status.preempted_by = str(preemptor)
-    return status
+    return status if preemptor is None else replace(status, preempted_by=str(preemptor))
 
 
 def _waiting(status: ObjectStatus) -> bool:
@@ -175,47 +174,59 @@ def _sync(key: ObjectKey, desired: DesiredState, actions: list[Action]) -> str:
 
 
 def _model(
-    key: ObjectKey, desired: DesiredState, actual: ActualState, actions: list[Action], done: bool
+    key: ObjectKey,
+    desired: DesiredState,
+    actual: ActualState,
+    actions: list[Action],
+    done: bool,
+    first_seen: int | None,
 ) -> ObjectStatus:
     live = actual.models.get(key)
     spec = desired.models.get(key)
-    status = ObjectStatus(key, "RUNNING", _sync(key, desired, actions))
-    status.served_name = spec.served_name if spec else (live.served_name if live else None)
-    status.alias = spec.alias if spec else None
-    status.replicas_desired = spec.replicas if spec else (live.replicas if live else None)
-    status.replicas_ready = live.ready_replicas if live else 0
+    state, reason, gpus = "RUNNING", "", 0.0
     if live:
-        status.gpus = live.committed().get("GPU", 0.0)
-        status.state = SERVE_TO_STATE.get(live.status, live.status)
-        status.reason = live.message
-        if status.state == "RUNNING" and live.awaiting_answer:
-            status.state = "DEPLOYING"
+        gpus = live.committed().get("GPU", 0.0)
+        state = SERVE_TO_STATE.get(live.status, live.status)
+        reason = live.message
+        if state == "RUNNING" and live.awaiting_answer:
+            state = "DEPLOYING"
             why = f": {live.answer_error}" if live.answer_error else ""
-            status.reason = f"replicas started, waiting for the first answer{why}"
-        elif status.state == "RUNNING" and live.answer_error:
+            reason = f"replicas started, waiting for the first answer{why}"
+        elif state == "RUNNING" and live.answer_error:
             # Serve's health check has not caught it yet: the endpoint's error is the truth.
-            status.state = "FAILED"
-            status.reason = f"does not answer ({live.answer_error}); Serve replaces a replica whose engine died"
+            state = "FAILED"
+            reason = f"does not answer ({live.answer_error}); Serve replaces a replica whose engine died"
     reasons = [a.reason for a in actions]
     kinds = {a.type for a in actions}
     if done and kinds & {ActionType.DELETE_MODEL, ActionType.STOP_MODEL}:
-        status.state = "DELETING"
+        state = "DELETING"
     elif done and kinds & {ActionType.DEPLOY_MODEL, ActionType.UPDATE_MODEL}:
-        status.state = "DEPLOYING"
+        state = "DEPLOYING"
     elif ActionType.QUEUE in kinds and live is None:
-        status.state = "QUEUED"
+        state = "QUEUED"
     elif ActionType.UNSCHEDULABLE in kinds and live is None:
-        status.state = "UNSCHEDULABLE"
+        state = "UNSCHEDULABLE"
     elif live is None and spec is not None and spec.replicas == 0 and not spec.suspend:
-        status.state = "STOPPED"
-        status.reason = status.reason or "replicas: 0 (stopped; raise replicas to deploy it again under the same name)"
+        state = "STOPPED"
+        reason = reason or "replicas: 0 (stopped; raise replicas to deploy it again under the same name)"
     elif live is None and key in desired.invalid:
-        status.state = "INVALID"
+        state = "INVALID"
     elif live is None and spec is not None and spec.suspend:
-        status.state = "SUSPENDED"
+        state = "SUSPENDED"
     if reasons:
-        status.reason = "; ".join(r for r in [*reasons, status.reason if live and live.message else ""] if r)
-    return status
+        reason = "; ".join(r for r in [*reasons, reason if live and live.message else ""] if r)
+    return ObjectStatus(
+        key,
+        state,
+        _sync(key, desired, actions),
+        reason=reason,
+        served_name=spec.served_name if spec else (live.served_name if live else None),
+        alias=spec.alias if spec else None,
+        replicas_desired=spec.replicas if spec else (live.replicas if live else None),
+        replicas_ready=live.ready_replicas if live else 0,
+        gpus=gpus,
+        first_seen=first_seen,
+    )
 
 
 def _task(
@@ -225,15 +236,18 @@ def _task(
     actions: list[Action],
     done: bool,
     stopping: frozenset[str] = frozenset(),
+    first_seen: int | None = None,
 ) -> ObjectStatus:
     # An attempt being stopped for preemption is PREEMPTED from the tick that stopped it, so its
     # record on the status branch never goes back to RUNNING while Ray's stop lands.
-    jobs = sorted(
-        (replace(j, status=PREEMPTED) if j.submission_id in stopping and j.active else j for j in runs),
-        key=lambda j: (j.start_time or 0, j.submission_id),
+    jobs = tuple(
+        sorted(
+            (replace(j, status=PREEMPTED) if j.submission_id in stopping and j.active else j for j in runs),
+            key=lambda j: (j.start_time or 0, j.submission_id),
+        )
     )
     spec = desired.tasks.get(key)
-    status = ObjectStatus(key, "STOPPED", _sync(key, desired, actions), runs=jobs)
+    state, reason, gpus, submission = "STOPPED", "", 0.0, None
     kinds = {a.type for a in actions}
     submit = next((a for a in actions if a.type is ActionType.SUBMIT_TASK), None)
     current = None
@@ -243,20 +257,23 @@ def _task(
     elif jobs:
         current = jobs[-1]
     if current is not None:
-        status.state, status.submission_id = current.status, current.submission_id
-        status.reason = failure_reason(current.message) if current.status == "FAILED" else current.message
-        status.gpus = current.committed().get("GPU", 0.0)
+        state, submission = current.status, current.submission_id
+        reason = failure_reason(current.message) if current.status == "FAILED" else current.message
+        gpus = current.committed().get("GPU", 0.0)
     if submit is not None and done:
-        status.state, status.submission_id = "SUBMITTED", submit.submission_id
-        status.gpus = submit.demand.get("GPU", 0.0)
+        state, submission = "SUBMITTED", submit.submission_id
+        gpus = submit.demand.get("GPU", 0.0)
     elif ActionType.QUEUE in kinds and current is None:
-        status.state = "QUEUED"
+        state = "QUEUED"
     elif ActionType.UNSCHEDULABLE in kinds and current is None:
-        status.state = "UNSCHEDULABLE"
+        state = "UNSCHEDULABLE"
     elif current is None and key in desired.invalid:
-        status.state = "INVALID"
+        state = "INVALID"
     elif current is None and spec is not None and spec.suspend:
-        status.state = "SUSPENDED"
+        state = "SUSPENDED"
     if actions:
-        status.reason = "; ".join(a.reason for a in actions)
-    return status
+        reason = "; ".join(a.reason for a in actions)
+    sync = _sync(key, desired, actions)
+    return ObjectStatus(
+        key, state, sync, reason=reason, gpus=gpus, submission_id=submission, runs=jobs, first_seen=first_seen
+    )

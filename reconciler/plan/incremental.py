@@ -381,9 +381,9 @@ class IncrementalPlanner:
     def assess(
         self, desired: DesiredState, actual: ActualState, plan: Plan, applied: set[ObjectKey] | None = None
     ) -> dict[ObjectKey, ObjectStatus]:
-        """Return what :func:`reconciler.plan.assess.assess` returns for the same arguments (new
-        status objects on every call: the caller may amend them). Raises what it raises; then
-        every memo is dropped."""
+        """Return what :func:`reconciler.plan.assess.assess` returns for the same arguments (the
+        same status values as the last call for the objects whose inputs did not change). Raises
+        what it raises; then every memo is dropped."""
         try:
             return self._assess(desired, actual, plan, applied)
         except BaseException:
@@ -434,15 +434,8 @@ class IncrementalPlanner:
             self.reassessed += 1
             done = key in seen.done
             memo[key] = object_status(key, desired, actual, by_key.get(key, []), done, runs.get(key, []), plan)
-        out: dict[ObjectKey, ObjectStatus] = {}
-        blank = ObjectStatus.__new__
-        for key in self._status_order:
-            # A fresh copy: callers amend statuses (an apply that failed).
-            status, kept = blank(ObjectStatus), memo[key]
-            status.__dict__.update(kept.__dict__)
-            status.runs = kept.runs[:]
-            out[key] = status
-        return out
+        # Statuses are values: the memo's own are handed out (an amended one is a new value).
+        return {key: memo[key] for key in self._status_order}
 
     def _reorder(self, keys: set[ObjectKey]) -> None:
         """Keep the status keys sorted (the full assessment's order) and drop the memos of keys gone."""

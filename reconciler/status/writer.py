@@ -102,7 +102,7 @@ class StatusWriter:
     _written: dict[str, bytes] = field(default_factory=dict)  # README.md / revision.yaml as last written
     # actual.json's list entries as last redacted (their JSON -> the redacted entry): only entries
     # that changed are redacted again. Holds the last write's entries only.
-    _actual_entries: dict[str, Any] = field(default_factory=dict)
+    _actual_entries: dict[Any, Any] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)
     _tree_writer: TreeWriter | None = None
     auth_key: bytes | None = None
@@ -391,7 +391,7 @@ class StatusWriter:
         )
         changed[ROOT_FILE] = dump(root)
         actual = report.actual if report.actual is not None else None
-        actual_entries: dict[str, Any] | None = None
+        actual_entries: dict[Any, Any] | None = None
         safe_actual: dict[str, Any] = {}
         if actual is not None and (actual != last_actual or "actual.json" not in known_blobs):
             safe_actual, actual_entries = self._safe_actual(actual)
@@ -432,29 +432,38 @@ class StatusWriter:
         safe: dict[str, Any] = redact_tree(value, self.redact)
         return safe
 
-    def _safe_actual(self, actual: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """``actual`` through :meth:`_safe`, list entry by list entry, re-using the entries
-        redacted by the last write that are unchanged (a tick changes few jobs; the file holds
-        them all). Returns (the redacted state, the entry cache for the next write)."""
+    def _safe_actual(self, actual: Mapping[str, Any]) -> tuple[dict[str, Any], dict[Any, Any]]:
+        """``actual`` through :meth:`_safe`, list entry by list entry (and a large table entry by
+        entry), re-using the entries redacted by the last write that are unchanged (a tick changes
+        few jobs and few objects; the file holds them all). Returns (the redacted state, the entry
+        cache for the next write)."""
         import json
 
         with self._lock:
             known = self._actual_entries
-        entries: dict[str, Any] = {}
+        entries: dict[Any, Any] = {}
         out: dict[str, Any] = {}
+
+        def cached(raw: Any, entry: Any) -> Any:
+            safe = entries.get(raw)
+            if safe is None:
+                safe = known[raw] if raw in known else redact_tree(entry, self.redact)
+                entries[raw] = safe
+            return safe
+
         for name, value in actual.items():
-            if not isinstance(value, list):
+            if isinstance(value, list):
+                out[self.redact(str(name))] = [cached(json.dumps(e, sort_keys=True, default=str), e) for e in value]
+            elif isinstance(value, dict) and len(value) > 64:
+                # A table by object (first_seen): entry by entry, as a one-entry mapping each.
+                table: dict[str, Any] = {}
+                for k, v in value.items():
+                    # type(v): 1, 1.0 and True are equal keys but different JSON.
+                    raw = (name, k, type(v), v) if isinstance(v, (str, int, float)) else json.dumps({k: v}, default=str)
+                    table.update(cached(raw, {k: v}))
+                out[self.redact(str(name))] = table
+            else:
                 out[self.redact(str(name))] = redact_tree(value, self.redact)
-                continue
-            items = []
-            for entry in value:
-                raw = json.dumps(entry, sort_keys=True, default=str)
-                safe = entries.get(raw)
-                if safe is None:
-                    safe = known[raw] if raw in known else redact_tree(entry, self.redact)
-                    entries[raw] = safe
-                items.append(safe)
-            out[self.redact(str(name))] = items
         return out, entries
 
     def _root_document(self, report: StatusReport, known: Mapping[str, Any]) -> dict[str, Any]:

@@ -176,3 +176,24 @@ def test_pages_and_api_serve_a_branch_argus_did_not_write_redacted(tmp_path: Pat
     assert "leaked ***" in text and "note ***" in text  # the document and the note were served, redacted
     for leak in (WANDB, HF, GH, "\x1b", "\x07"):
         assert leak not in text, leak
+
+
+def test_a_large_table_in_actual_json_is_redacted_entry_by_entry(tmp_path: Path) -> None:
+    """``first_seen`` holds an entry per object (thousands): redacted entry by entry and cached, the
+    result is the whole table's redaction, on every write, and the cache holds the last write only."""
+    bare, sha = _repo(tmp_path)
+    writer = StatusWriter(open_source(str(bare), str(tmp_path / "cache")), redact=Redactor([HF]))
+    table = {f"u{i:03d}/tasks/t": 1767225600 + i for i in range(200)}
+    table[f"mallory/tasks/{HF}"] = 1
+    table["mallory/tasks/flag"] = True  # equal to 1 as a key, but not the same JSON
+    report = StatusReport(sha, {}, set(), set(), Plan(), [], actual={"first_seen": table, "models": []})
+    assert writer.write(report) is not None
+    for _round in range(2):
+        written = json.loads(git(bare, "show", "argus/status:actual.json"))
+        assert written["first_seen"] == redact_tree(table, Redactor([HF]))
+        assert HF not in json.dumps(written) and written["first_seen"]["mallory/tasks/flag"] is True
+        table = {**{k: v for k, v in table.items() if not k.startswith(f"u00{_round}")}, f"m/tasks/{GH}{_round}": 2}
+        report = StatusReport(sha, {}, set(), set(), Plan(), [], actual={"first_seen": table, "models": []})
+        assert writer.write(report) is not None
+    assert GH not in git(bare, "show", "argus/status:actual.json")
+    assert len(writer._actual_entries) == len(table)
