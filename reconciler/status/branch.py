@@ -6,7 +6,7 @@ import contextlib
 import os
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import yaml
@@ -133,12 +133,16 @@ class TreeWriter:
         parent: str | None,
         parent_blobs: Mapping[str, str] | None = None,
         expected: str | None = SAME,
+        changed: Collection[str] | None = None,
     ) -> str | None:
         """Like :func:`commit_tree`; ``parent_blobs`` (the parent's files, when the caller
         knows them) spares reading the parent's tree when the index does not hold it.
 
         ``expected``: where the ref is now, when that is not ``parent`` (a tip argus does not
-        trust: the ref moves from it to a commit on ``parent``, even with an unchanged tree)."""
+        trust: the ref moves from it to a commit on ``parent``, even with an unchanged tree).
+        ``changed``: the only paths where ``blobs`` may differ from the parent's files (removed
+        ones included): then a commit costs O(changed), not O(files), while the index holds the
+        parent's tree (the common case: the writer builds on its own last commit)."""
         expected = parent if expected == SAME else expected
         with self._lock:
             if parent is None:
@@ -156,12 +160,25 @@ class TreeWriter:
                     self._git("read-tree", parent)
                     self._blobs = dict(parent_blobs) if parent_blobs is not None else tree_blobs(self.repo, parent)
                 self._tree = parent_tree
-            lines = [f"100644 {b}\t{p}\n" for p, b in blobs.items() if self._blobs.get(p) != b]
-            lines += [f"0 {'0' * 40}\t{p}\n" for p in self._blobs.keys() - blobs.keys()]
+            # The index holds the parent's tree now, so ``self._blobs`` are the parent's files.
+            if changed is not None:
+                edits = {p: blobs.get(p) for p in changed if blobs.get(p) != self._blobs.get(p)}
+            else:
+                edits = {p: b for p, b in blobs.items() if self._blobs.get(p) != b}
+                edits.update((p, None) for p in self._blobs.keys() - blobs.keys())
+            lines = [f"100644 {b}\t{p}\n" if b is not None else f"0 {'0' * 40}\t{p}\n" for p, b in edits.items()]
             if lines or self._tree is None:
-                self._git("update-index", "--add", "--remove", "--index-info", input="".join(lines).encode())
-                self._tree = self._git("write-tree")
-                self._blobs = dict(blobs)
+                try:
+                    self._git("update-index", "--add", "--remove", "--index-info", input="".join(lines).encode())
+                    self._tree = self._git("write-tree")
+                except BaseException:
+                    self._tree, self._blobs = None, {}  # the index is in doubt: read again next time
+                    raise
+                for path, blob in edits.items():
+                    if blob is None:
+                        self._blobs.pop(path, None)
+                    else:
+                        self._blobs[path] = blob
             tree = self._tree
             if parent is not None and tree == parent_tree and expected == parent:
                 return None

@@ -10,6 +10,7 @@ the README only.
 from __future__ import annotations
 
 import json
+from bisect import bisect_left, insort
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -257,15 +258,57 @@ def readme_row(path: str, doc: Mapping[str, Any]) -> str:
     return "| " + " | ".join([*text[:5], where, text[5]]) + " |"
 
 
+README_ROWS = 1_000  # objects listed in the README's table (a git host renders no more usefully)
+README_MESSAGES = 200  # validation errors, notes and alerts listed there (the note holds them all)
+_BULK = 256  # above this many new rows the order is sorted again rather than edited in place
+
+
+class ReadmeRows:
+    """The README's table rows by object path, and their paths in order: kept sorted as rows come
+    and go (O(changed) per write; a README is rebuilt from the first :data:`README_ROWS`)."""
+
+    def __init__(self, rows: Mapping[str, str] | None = None) -> None:
+        self.rows: dict[str, str] = dict(rows or {})
+        self.order: list[str] = sorted(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def copy(self) -> ReadmeRows:
+        """An independent copy (C-speed copies of both)."""
+        new = ReadmeRows()
+        new.rows, new.order = dict(self.rows), list(self.order)
+        return new
+
+    def update(self, rows: Mapping[str, str]) -> None:
+        """Set these rows (new paths take their place in the order)."""
+        new = [path for path in rows if path not in self.rows]
+        self.rows.update(rows)
+        if len(new) > _BULK:
+            self.order = sorted(self.rows)
+        else:
+            for path in new:
+                insort(self.order, path)
+
+    def discard(self, path: str) -> None:
+        """Drop ``path``'s row, if any."""
+        if self.rows.pop(path, None) is not None:
+            del self.order[bisect_left(self.order, path)]
+
+
 def readme(
-    rows: Mapping[str, str],
+    rows: Mapping[str, str] | ReadmeRows,
     *,
     revision: str | None,
     errors: list[str],
     last_applied: str | None = None,
     daemon_error: str | None = None,
 ) -> bytes:
-    """The status branch's README.md: a markdown table of every object (``rows``: path -> row)."""
+    """The status branch's README.md: a markdown table of the objects (``rows``: path -> row, or
+    the writer's :class:`ReadmeRows`), the first :data:`README_ROWS` by path, and ``errors`` (the
+    first :data:`README_MESSAGES`). Every object's own document is the whole truth; the page lists
+    them all."""
+    table = rows if isinstance(rows, ReadmeRows) else ReadmeRows(rows)
     lines = [
         "# argus status",
         "",
@@ -280,7 +323,17 @@ def readme(
     if daemon_error:
         lines += [f"**The daemon's last tick failed:** {code_span(daemon_error)} (it retries with back-off)", ""]
     lines += [*TABLE_HEAD]
-    lines += [rows[path] for path in sorted(rows)]
+    lines += [table.rows[path] for path in table.order[:README_ROWS]]
+    if len(table) > README_ROWS:
+        lines += [
+            "",
+            f"{len(table) - README_ROWS:,} more objects are not listed here ({len(table):,} in all): each has "
+            "its status document at its own path under `users/`, and the status page lists them all.",
+        ]
     if errors:
-        lines += ["", "## Validation errors at this revision", ""] + [f"- {code_span(e)}" for e in errors]
+        lines += ["", "## Validation errors at this revision", ""]
+        lines += [f"- {code_span(e)}" for e in errors[:README_MESSAGES]]
+        if len(errors) > README_MESSAGES:
+            more = len(errors) - README_MESSAGES
+            lines += [f"- … and {more:,} more (the revision's git note lists every validation error)"]
     return ("\n".join(lines) + "\n").encode()

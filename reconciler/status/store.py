@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,22 +156,37 @@ class StatusStore:
                 self._advance(head)
             return self._snapshot
 
-    def adopt(self, commit: str, blobs: Mapping[str, str], values: Mapping[str, Any]) -> StatusSnapshot:
+    def adopt(
+        self,
+        commit: str,
+        blobs: Mapping[str, str],
+        values: Mapping[str, Any],
+        *,
+        parent: str | None = None,
+        paths: Collection[str] | None = None,
+    ) -> StatusSnapshot:
         """Take ``commit`` as read without reading it: its tree is ``blobs`` (path -> blob id),
         and ``values`` (path -> parsed content) are what the writer just wrote there. Any other
         file keeps the content the store holds for it when its blob is the same, and is read
-        otherwise. Returns the snapshot. Raises GitError when a file must be read and cannot."""
+        otherwise. ``paths``: the only paths where ``commit`` differs from ``parent`` (removed
+        ones included); while the store holds ``parent``, only they are looked at (O(changed)).
+        Returns the snapshot. Raises GitError when a file must be read and cannot."""
         with self._lock:
             old = self._files if self._snapshot.tip is not None else {}
             files = dict(old)
             docs, root = dict(self._snapshot.docs), dict(self._snapshot.root)
             changed: list[str] = []
-            for path in old.keys() - blobs.keys():
+            if paths is not None and parent is not None and self._snapshot.tip == parent:
+                gone = [p for p in paths if p not in blobs and p in old]
+                looked: Mapping[str, str] = {p: blobs[p] for p in paths if p in blobs}
+            else:
+                gone, looked = list(old.keys() - blobs.keys()), blobs
+            for path in gone:
                 del files[path]
                 docs.pop(path, None)
                 root.pop(path, None)
             missing: dict[str, str] = {}
-            for path, blob in blobs.items():
+            for path, blob in looked.items():
                 have = old.get(path)
                 if path in values:
                     value = values[path]

@@ -24,13 +24,14 @@ from reconciler.plan.assess import ObjectStatus
 from reconciler.redact import redact, redact_tree
 from reconciler.source.remote import RepoSource, tracking_ref
 from reconciler.status.branch import TreeWriter, hash_blobs, tip, write_note
-from reconciler.status.documents import dump, dump_json, object_document, readme, readme_row
+from reconciler.status.documents import ReadmeRows, dump, dump_json, object_document, readme, readme_row
 from reconciler.status.store import StatusSnapshot, StatusStore
 from reconciler.status.trust import StatusTrust
 
 log = logging.getLogger("argus")
 NOTES_REF = "argus"
 ROOT_FILE = "revision.yaml"
+ROOT_FILES = frozenset({"README.md", ROOT_FILE, "actual.json"})  # argus's files besides the documents
 MAX_ATTEMPTS = 5
 MAX_ALERTS = 10  # integrity alerts kept for the README and /healthz (the newest)
 
@@ -95,7 +96,7 @@ class StatusWriter:
     # one cache of them); what the writer derives from them is here: README rows and the inputs
     # each document was built from.
     _tip: str | None = None
-    _rows: dict[str, str] = field(default_factory=dict)
+    _rows: ReadmeRows = field(default_factory=ReadmeRows)
     _inputs: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     _store_: StatusStore | None = None
     _last_actual: Mapping[str, Any] | None = None
@@ -196,23 +197,22 @@ class StatusWriter:
             with self._lock:
                 parent = self._refresh()
                 expected = self._expected
-                view = self._view()
-                docs: dict[str, Mapping[str, Any]] = dict(view.docs)
-                known = dict(view.blobs)
+                view = self._view()  # never changed: read without a copy
+            docs: dict[str, Mapping[str, Any]] = {}
             for key, sid, spec_hash in runs:
-                doc = dict(docs.get(key.path) or {"object": str(key), "kind": "Task", "state": "SUBMITTED"})
+                fresh = {"object": str(key), "kind": "Task", "state": "SUBMITTED"}
+                doc = dict(docs.get(key.path) or view.docs.get(key.path) or fresh)
                 old = doc.get("runs")
                 recorded = [r for r in (old if isinstance(old, list) else []) if isinstance(r, dict)]
                 recorded = [r for r in recorded if r.get("submission_id") != sid]
                 doc["runs"] = [*recorded, {"submission_id": sid, "spec_hash": spec_hash, "status": "SUBMITTED"}]
                 docs[key.path] = doc
-            for key, _sid, _hash in runs:
-                docs[key.path] = self._safe(dict(docs[key.path]))
-            changed = {key.path: dump(docs[key.path]) for key, _sid, _hash in runs}
-            blobs = {**known, **hash_blobs(self.source.repo.path, changed)}
+            docs = {path: self._safe(dict(unsafe)) for path, unsafe in docs.items()}
+            changed = {path: dump(doc) for path, doc in docs.items()}
+            blobs = {**view.blobs, **hash_blobs(self.source.repo.path, changed)}
             message = self.redact("argus: submitting " + ", ".join(sid for _key, sid, _hash in runs) + "\n")
             try:
-                commit = self._trees.commit(self.branch, blobs, message, parent, known, expected)
+                commit = self._trees.commit(self.branch, blobs, message, parent, view.blobs, expected, changed=changed)
             except ConcurrentWrite:
                 continue  # the ref moved under us (compare-and-swap): re-read and retry
             if commit is not None:
@@ -222,11 +222,11 @@ class StatusWriter:
                 if commit is not None:
                     with self._lock:
                         if self._tip == parent:
-                            self._store.adopt(commit, blobs, {key.path: docs[key.path] for key, _s, _h in runs})
+                            self._store.adopt(commit, blobs, docs, parent=parent, paths=changed)
                             self._tip = commit
-                            for key, _sid, _hash in runs:  # rebuilt from the record by the next write
-                                self._inputs.pop(key.path, None)
-                                self._rows[key.path] = readme_row(key.path, docs[key.path])
+                            for path, recorded_doc in docs.items():  # rebuilt from the record next write
+                                self._inputs.pop(path, None)
+                                self._rows.update({path: readme_row(path, recorded_doc)})
                         self.commits += 1
                 return True
             self.source.fetch()
@@ -292,8 +292,11 @@ class StatusWriter:
         """Build on ``parent``: the store reads what the branch holds there (what changed since
         the commit it read last), and what the writer derives from it is rebuilt."""
         docs = self._store.read(parent).docs if parent else {}
-        self._rows = {path: readme_row(path, doc) for path, doc in docs.items()}
+        self._rows = ReadmeRows({path: readme_row(path, doc) for path, doc in docs.items()})
         self._inputs = {}
+        # What this writer last wrote is not what ``parent`` holds (another writer's commit):
+        # the root files are compared with the branch again, never with our own last write.
+        self._written, self._last_actual = {}, None
         self._tip = parent
 
     def _commit(self, report: StatusReport) -> str | None:
@@ -302,21 +305,22 @@ class StatusWriter:
             parent = self._refresh()
             expected = self._expected
             alerts = list(self.alerts)
-            view = self._view()
-            previous, known_inputs, known_blobs = view.docs, dict(self._inputs), dict(view.blobs)
+            view = self._view()  # a snapshot is never changed: read without a copy
+            previous, known_blobs = view.docs, view.blobs
             known_root = view.root.get(ROOT_FILE)
-            known_rows, known_written = dict(self._rows), dict(self._written)
+            # Copies (C-speed): record_runs, on the other thread, edits these under the lock.
+            inputs, rows, known_written = dict(self._inputs), self._rows.copy(), dict(self._written)
             last_actual = self._last_actual
-        docs: dict[str, Mapping[str, Any]] = {}
-        inputs: dict[str, tuple[Any, ...]] = {}
-        changed_docs: dict[str, dict[str, Any]] = {}
+        built: dict[str, dict[str, Any]] = {}  # the documents that differ from the branch's
         transitions: list[str] = []
+        present: list[str] = []
         now = self.now()
-        unknown = report.revision is None  # source unreadable or tick failed: keep every object's status
-        if unknown:
-            docs, inputs = dict(previous), dict(known_inputs)
-        for key, st in () if unknown else report.statuses.items():
+        # Source unreadable or tick failed (no revision): every object's document is kept.
+        statuses = {} if report.revision is None else report.statuses
+        log_tails, checkpoints = report.log_tails, report.checkpoints
+        for key, st in statuses.items():
             path = key.path
+            present.append(path)
             prev = previous.get(path)
             applied = (
                 key not in report.failed_keys
@@ -325,14 +329,17 @@ class StatusWriter:
             )
             spec_id = report.spec_ids.get(path)
             resolved = report.resolved.get(path)
-            tails = tuple(j.submission_id in report.log_tails for j in st.runs)
-            checkpoints = tuple(report.checkpoints.get(j.submission_id) for j in st.runs)
+            if st.runs:
+                tails = tuple(j.submission_id in log_tails for j in st.runs)
+                ran = tuple(checkpoints.get(j.submission_id) for j in st.runs)
+            else:
+                tails = ran = ()
             # The revision is not an input: an object's document moves only with its own file.
             # The resolved spec is memoised per file and cluster.yaml: the same object while unchanged.
-            signature = (st, applied, spec_id, tails, checkpoints, id(resolved))
-            if prev is not None and known_inputs.get(path) == signature:
-                docs[path], inputs[path] = prev, signature  # nothing about this object changed
-                continue
+            # Statuses are values handed on while unchanged, so the comparison is mostly by identity.
+            signature = (st, applied, spec_id, tails, ran, id(resolved))
+            if prev is not None and inputs.get(path) == signature:
+                continue  # nothing about this object changed
             try:
                 doc = self._safe(
                     object_document(
@@ -342,8 +349,8 @@ class StatusWriter:
                         applied=applied,
                         now=now,
                         endpoint=self.endpoint,
-                        log_tails=report.log_tails,
-                        checkpoints=report.checkpoints,
+                        log_tails=log_tails,
+                        checkpoints=checkpoints,
                         spec_id=spec_id,
                         redact=self.redact,
                         spec=resolved,
@@ -351,33 +358,31 @@ class StatusWriter:
                 )
             except Exception as exc:  # one object's document must not stop the others'
                 log.error("status document of %s failed", key, exc_info=exc)
-                if prev is not None:
-                    docs[path] = prev
+                inputs.pop(path, None)  # the last document stays (a new object has none yet)
                 continue
             inputs[path] = signature
             if prev is None or (prev.get("state"), prev.get("sync")) != (doc["state"], doc["sync"]):
                 before = f"{prev.get('state')}/{prev.get('sync')}" if prev else "new"
                 transitions.append(f"{key}: {before} -> {doc['state']}/{doc['sync']}")
             if prev != doc or path not in known_blobs:
-                changed_docs[path] = doc
-            docs[path] = doc if prev != doc else prev
-        removed = sorted(set(previous) - set(docs))
+                built[path] = doc
+        removed = [] if report.revision is None else sorted(previous.keys() - set(present))
         for path in removed:
             transitions.append(f"{path.removeprefix('users/').removesuffix('.yaml')}: removed")
+            inputs.pop(path, None)
+            rows.discard(path)
+        # Files that are neither an object's document nor argus's own (a branch argus did not
+        # write) are dropped.
+        strays = [p for p in known_blobs.keys() - previous.keys() if p not in ROOT_FILES]
         changed: dict[str, bytes] = {}
-        for path, doc in changed_docs.items():
+        for path, doc in built.items():
             try:
                 changed[path] = dump(doc)
             except Exception as exc:
                 log.error("status document %s cannot be written", path, exc_info=exc)
-                docs.pop(path, None)
-                if path in previous:
-                    docs[path] = previous[path]
-        rows = dict(known_rows)
-        for path in removed:
-            rows.pop(path, None)
-        for path in changed:
-            rows[path] = readme_row(path, docs[path])
+                inputs.pop(path, None)
+        written_docs = {path: built[path] for path in changed}
+        rows.update({path: readme_row(path, doc) for path, doc in written_docs.items()})
         root = self._root_document(report, known_root if isinstance(known_root, dict) else {})
         errors = [self.redact(e) for e in report.errors]
         if report.source_error:
@@ -385,7 +390,8 @@ class StatusWriter:
         changed["README.md"] = readme(
             rows,
             revision=root.get("revision", {}).get("last_attempted"),
-            errors=errors + [self.redact(n) for n in report.notes] + [f"integrity: {a}" for a in alerts],
+            # Integrity alerts first: the README lists the first README_MESSAGES of these.
+            errors=[f"integrity: {a}" for a in alerts] + errors + [self.redact(n) for n in report.notes],
             last_applied=root.get("revision", {}).get("last_applied"),
             daemon_error=root.get("daemon_error"),
         )
@@ -400,24 +406,28 @@ class StatusWriter:
         for path in written:  # rebuilt every write (cheap): hashed only when they differ
             if known_written.get(path) == changed[path] and path in known_blobs:
                 del changed[path]
-        keep = set(docs) | {"README.md", ROOT_FILE, "actual.json"}
-        blobs = {path: known_blobs[path] for path in keep if path not in changed and path in known_blobs}
+        # The commit differs from its parent only at ``touched``: the tree and the store are
+        # updated there alone (O(changed), not O(objects)).
+        touched = list(dict.fromkeys([*changed, *removed, *strays]))
+        blobs = dict(known_blobs)
+        for path in (*removed, *strays):
+            blobs.pop(path, None)
         blobs.update(hash_blobs(repo, changed))
         subject = f"argus: {len(transitions)} transition(s) at {(report.revision or 'unknown')[:12]}"
         message = self.redact(subject + ("\n\n" + "\n".join(transitions) if transitions else "") + "\n")
-        commit = self._trees.commit(self.branch, blobs, message, parent, known_blobs, expected)
-        self.files_changed = sum(1 for p in set(blobs) | set(known_blobs) if blobs.get(p) != known_blobs.get(p))
+        commit = self._trees.commit(self.branch, blobs, message, parent, known_blobs, expected, changed=touched)
+        self.files_changed = sum(1 for p in touched if blobs.get(p) != known_blobs.get(p))
         with self._lock:
             if commit is not None:
                 self._committed(commit)
             if (commit is not None or parent is not None) and self._tip == parent:
                 self._tip = now_at = commit or parent
-                values: dict[str, Any] = {**docs, ROOT_FILE: root}
+                values: dict[str, Any] = {**written_docs, ROOT_FILE: root}
                 if "README.md" in changed:
                     values["README.md"] = changed["README.md"].decode("utf-8", errors="replace")
                 if actual_entries is not None:
                     values["actual.json"] = safe_actual
-                self._store.adopt(str(now_at), blobs, values)
+                self._store.adopt(str(now_at), blobs, values, parent=parent, paths=touched)
                 self._rows, self._inputs = rows, inputs
                 self._written = written
                 if actual is not None:

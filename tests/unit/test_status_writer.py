@@ -167,3 +167,33 @@ def test_every_text_written_is_redacted(tmp_path: Path) -> None:
     writer.write(report)
     everything = git(bare, "grep", "-h", "", "argus/status") + git(bare, "notes", "--ref=argus", "show", sha)
     assert secret not in everything and "WANDB_API_KEY=***" in everything
+
+
+def test_the_readme_lists_a_bounded_table_and_says_how_many_more(tmp_path: Path) -> None:
+    """At 100,000 objects a README of every row would be megabytes rewritten on every status
+    commit: it lists the first README_ROWS by path, says how many more, and the documents stay."""
+    from reconciler.status.documents import README_MESSAGES, README_ROWS
+
+    bare, sha = _repo(tmp_path)
+    writer = StatusWriter(open_source(str(bare), str(tmp_path / "cache")))
+    statuses = {
+        k: ObjectStatus(k, "SUSPENDED", "Suspended")
+        for k in (ObjectKey(f"u{i:04d}", "task", "t") for i in range(README_ROWS + 5))
+    }
+    errors = [f"users/x/tasks/e{i}.yaml:1: bad" for i in range(README_MESSAGES + 3)]
+    assert writer.write(StatusReport(sha, statuses, set(), set(), Plan(), errors)) is not None
+    text = git(bare, "show", "argus/status:README.md")
+    assert sum(line.startswith("| u0") or line.startswith("| u1") for line in text.splitlines()) == README_ROWS
+    assert "| u0000 | task | t |" in text and "| u1004 |" not in text
+    assert f"5 more objects are not listed here ({README_ROWS + 5:,} in all)" in text
+    assert "… and 3 more" in text and "e202.yaml" not in text
+    assert len(read_documents(str(bare), "argus/status")) == README_ROWS + 5
+    # Rows come and go in order: the first object gone, one added before every other.
+    del statuses[ObjectKey("u0000", "task", "t")]
+    first = ObjectKey("a", "task", "t")
+    statuses[first] = ObjectStatus(first, "QUEUED", "OutOfSync")
+    assert writer.write(StatusReport(sha, statuses, set(), set(), Plan(), [])) is not None
+    text = git(bare, "show", "argus/status:README.md")
+    table = [line for line in text.splitlines() if line.startswith(("| a |", "| u0", "| u1"))]
+    assert table[0].startswith("| a | task | t | QUEUED") and table[1].startswith("| u0001 |")
+    assert len(table) == README_ROWS and "| u0000 |" not in text

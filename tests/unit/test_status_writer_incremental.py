@@ -1,0 +1,128 @@
+"""The status writer works in deltas (the tree and the store are updated only where a write changed
+something): after any sequence of writes, recorded runs, a second writer's commits and a stray file
+on the branch, what it holds and what it wrote equal a full recomputation. Real git.
+
+- The store's snapshot (updated in place by the writer's own commits) equals a fresh store's read
+  of the same commit: documents, root files and blob ids.
+- A writer started from nothing, handed the same report at the same clock, finds nothing to
+  commit: the tree built in deltas is the tree a full build makes.
+- The branch holds exactly one document per reported object (objects gone are removed, a stray
+  file is dropped).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reconciler.plan.actions import Plan
+from reconciler.plan.actual import ActualJob
+from reconciler.plan.assess import ObjectStatus
+from reconciler.source.remote import open_source
+from reconciler.spec.types import ObjectKey
+from reconciler.status.store import StatusStore
+from reconciler.status.writer import StatusReport, StatusWriter
+from tests.support import git
+
+KEYS = [ObjectKey(u, k, n) for u in ("alice", "bob") for k in ("model", "task") for n in ("a", "b", "c")]
+STATES = ("RUNNING", "QUEUED", "SUSPENDED", "FAILED")
+CLOCK = "2026-12-01T12:00:00Z"
+
+step = st.one_of(
+    st.tuples(
+        st.just("write"),
+        st.dictionaries(st.sampled_from(KEYS), st.sampled_from(STATES), max_size=len(KEYS)),
+        st.integers(0, 3),  # which revision of the files
+    ),
+    st.tuples(st.just("record"), st.sampled_from([k for k in KEYS if k.kind == "task"]), st.integers(1, 3)),
+    st.tuples(st.just("other"), st.sampled_from(KEYS), st.sampled_from(STATES)),
+    st.tuples(st.just("stray"), st.sampled_from(["users/alice/notes.txt", "junk.yaml"]), st.just(0)),
+)
+
+
+def _repo(root: Path) -> tuple[Path, Path, str]:
+    bare = root / "config.git"
+    git(root, "init", "-q", "--bare", "-b", "main", str(bare))
+    work = root / "work"
+    git(root, "clone", "-q", str(bare), str(work))
+    (work / "README.md").write_text("config\n")
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", "init")
+    git(work, "push", "-q", "origin", "HEAD:main")
+    return bare, work, git(work, "rev-parse", "HEAD").strip()
+
+
+def _status(key: ObjectKey, state: str) -> ObjectStatus:
+    runs = (ActualJob(f"argus--{key.user}--{key.name}--0001", key, "h", state),) if key.kind == "task" else ()
+    return ObjectStatus(key, state, "Synced", reason=f"{state.lower()} now", runs=runs)
+
+
+def _report(sha: str, states: dict[ObjectKey, str], revision: int) -> StatusReport:
+    statuses = {k: _status(k, s) for k, s in sorted(states.items())}
+    actual: dict[str, Any] = {"jobs": [], "first_seen": {str(k): 1767225600 + revision for k in statuses}}
+    return StatusReport(
+        sha,
+        statuses,
+        set(statuses),
+        set(),
+        Plan(),
+        [],
+        spec_ids={k.path: f"blob-{revision}" for k in statuses},
+        actual=actual,
+    )
+
+
+def _writer(bare: Path, cache: Path) -> StatusWriter:
+    return StatusWriter(open_source(str(bare), str(cache)), now=lambda: CLOCK)
+
+
+def _same_as_a_fresh_read(writer: StatusWriter) -> None:
+    tip = writer._tip
+    assert tip is not None
+    held = writer._store.read(tip)
+    fresh = StatusStore(writer.source.repo.path, "argus/status").read(tip)
+    assert dict(held.blobs) == dict(fresh.blobs)
+    assert dict(held.docs) == dict(fresh.docs)
+    assert dict(held.root) == dict(fresh.root)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(step, min_size=1, max_size=7))
+def test_writes_in_deltas_equal_a_full_build(tmp_path_factory: Any, steps: list[tuple[Any, ...]]) -> None:
+    root = tmp_path_factory.mktemp("delta")
+    bare, work, sha = _repo(root)
+    writer = _writer(bare, root / "cache")
+    other = _writer(bare, root / "other")
+    last: StatusReport | None = None
+    for kind, what, value in steps:
+        if kind == "write":
+            last = _report(sha, what, value)
+            writer.write(last)
+        elif kind == "record" and last is not None:
+            assert writer.record_runs([(what, f"argus--{what.user}--{what.name}--{value:04d}", "h")])
+        elif kind == "other" and last is not None:  # a second writer with this branch moves it
+            other.write(StatusReport(sha, {what: _status(what, value)}, {what}, set(), Plan(), []))
+        elif kind == "stray":
+            branch = git(bare, "rev-parse", "-q", "--verify", "argus/status", check=False).strip()
+            if branch:
+                git(work, "fetch", "-q", "origin", "argus/status")
+                git(work, "checkout", "-q", "FETCH_HEAD")
+                Path(work / what).parent.mkdir(parents=True, exist_ok=True)
+                Path(work / what).write_text("not argus's\n")
+                git(work, "add", "-A")
+                git(work, "commit", "-q", "--allow-empty", "-m", "stray")
+                git(work, "push", "-q", "origin", "HEAD:refs/heads/argus/status")
+                git(work, "checkout", "-q", "main")
+        if writer._tip is not None and kind in ("write", "record"):
+            _same_as_a_fresh_read(writer)
+    if last is None:
+        return
+    writer.write(last)  # on whatever the others left: the documents are exactly the reported objects
+    _same_as_a_fresh_read(writer)
+    files = set(git(bare, "ls-tree", "-r", "--name-only", "argus/status").split())
+    assert files == {k.path for k in last.statuses} | {"README.md", "revision.yaml", "actual.json"}
+    fresh = _writer(bare, root / "fresh")
+    assert fresh.write(last) is None  # a full build finds the tree the deltas built
