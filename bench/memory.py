@@ -3,7 +3,7 @@
 The same set-up as ``bench/tick_cpu.py`` (a real :class:`~reconciler.loop.Daemon` on a real bare
 repository of ``--objects`` suspended objects and its status branch, the dashboard stand-in in
 place of Ray), run phase by phase as the daemon's loop runs them: the first load, the first tick,
-the first status write (gc.freeze() before it, as ``Daemon.run_once``), ``--pushes`` push ticks,
+the first status write (``Daemon.collect()`` after every tick, as ``Daemon.run_once``), ``--pushes`` push ticks,
 then ``--timer-ticks`` timer ticks (``refresh_fs()``: a full re-load each, as every
 ``--observe-interval`` seconds). After each phase it prints the traced
 memory now and the phase's traced peak, VmRSS and VmHWM, and tracemalloc's top ``--top`` lines
@@ -169,9 +169,7 @@ def main() -> int:
             result, daemon.memory = tick(parts, revision, parts.observe(revision), daemon.memory)
             del revision
             phases.mark(f"{label}: tick")
-            if label == "first":
-                gc.collect()
-                gc.freeze()  # as Daemon.run_once after its first tick
+            daemon.collect()  # as Daemon.run_once after every tick
             daemon.reporter.report(result)
             del result
             phases.mark(f"{label}: status write", diff=label == "first")

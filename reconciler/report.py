@@ -21,7 +21,7 @@ from reconciler.observe.jobs import job_log_tail
 from reconciler.plan.actions import ActionType
 from reconciler.plan.actual import FINAL_JOB_STATES
 from reconciler.server import Metrics
-from reconciler.spec.types import ModelSpec, TaskSpec
+from reconciler.spec.types import ModelSpec, ObjectKey, TaskSpec
 from reconciler.status.writer import StatusReport, StatusWriter
 from reconciler.tick import TickResult
 
@@ -57,7 +57,7 @@ class Reporter:
         self.daemon_error: str | None = None  # the last tick's unexpected exception, until one succeeds
         self.last_commit: str | None = None
         self.write_seconds = 0.0  # duration of the last status write
-        self._logged: dict[str, str] = {}
+        self._logged: dict[ObjectKey, str] = {}
         self._cond = threading.Condition()
         self._pending: Callable[[], None] | None = None
         self._busy = False
@@ -205,8 +205,11 @@ class Reporter:
         Tails are kept only for runs Ray still holds of objects still reported: a document keeps
         a tail once written (``documents._keep``), so nothing else needs it again.
         """
-        runs = {j.submission_id for st in result.statuses.values() for j in st.runs}
-        held = {j.submission_id for j in result.actual.jobs} & runs
+        held = set()  # Ray's jobs that are runs of a reported object (few: not every object's)
+        for job in result.actual.jobs:
+            status = result.statuses.get(job.key)
+            if status is not None and any(r.submission_id == job.submission_id for r in status.runs):
+                held.add(job.submission_id)
         for sid in [s for s in self.log_tails if s not in held]:
             del self.log_tails[sid]
         for job in result.actual.jobs:
@@ -222,9 +225,10 @@ class Reporter:
 
     def _log_actions(self, result: TickResult) -> None:
         # The last line logged per object is kept for objects that still exist, no longer.
-        current = {str(k) for k in result.statuses} | {str(a.key) for a in result.plan.actions}
-        for key in [k for k in self._logged if k not in current]:
+        acting = {a.key for a in result.plan.actions if a.type is not ActionType.KEEP}
+        for key in [k for k in self._logged if k not in result.statuses and k not in acting]:
             del self._logged[key]
+        applied = result.applied  # a set built from the outcomes: once, not once per action
         for action in result.plan.actions:
             if action.type is not ActionType.KEEP:
                 line = json.dumps(
@@ -232,13 +236,13 @@ class Reporter:
                         "event": action.type.value,
                         "object": str(action.key),
                         "reason": action.reason,
-                        "applied": action.key in result.applied,
+                        "applied": action.key in applied,
                         "revision": result.revision[:12],
                     }
                 )
-                if self._logged.get(str(action.key)) != line:
+                if self._logged.get(action.key) != line:
                     log.info(self.redact(line))
-                    self._logged[str(action.key)] = line
+                    self._logged[action.key] = line
 
     def _count(self, result: TickResult) -> None:
         counts: dict[tuple[str, str], int] = {}
