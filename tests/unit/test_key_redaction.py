@@ -11,8 +11,11 @@ from typing import Any
 import pytest
 
 from reconciler.logs.ray import RayLogs, redactor
+from reconciler.plan.actual import ActualJob
+from reconciler.plan.assess import ObjectStatus
 from reconciler.redact import redact
 from reconciler.report import Reporter
+from reconciler.spec.types import ObjectKey
 from reconciler.status import documents
 from reconciler.testing.status_branch import task_doc
 from tests.unit.test_logs import PROVEN, SID, JobsAPI
@@ -48,8 +51,9 @@ def test_a_log_tail_hides_the_whole_key(key: str) -> None:
         stream=lambda _path, **_kw: io.BytesIO("\n".join(tail).encode()),  # the state API's bounded read
     )
     reporter = Reporter(dash, None, None, redact=redact)  # type: ignore[arg-type]
-    job = SimpleNamespace(submission_id="argus--a--t--1", status="FAILED")
-    statuses = {"a/tasks/t": SimpleNamespace(runs=[job])}
+    task = ObjectKey("a", "task", "t")
+    job = ActualJob("argus--a--t--1", task, "h", "FAILED")
+    statuses = {task: ObjectStatus(task, "FAILED", "Synced", runs=(job,))}
     reporter._fetch_log_tails(SimpleNamespace(actual=SimpleNamespace(jobs=[job]), statuses=statuses))  # type: ignore[arg-type]
     lines = reporter.log_tails["argus--a--t--1"]
     assert lines[0] == "step 1" and lines[-1] == "done"
