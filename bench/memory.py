@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from tick_cpu import bench_daemon, make_repo  # noqa: E402
 
+from reconciler.loop import tune_gc  # noqa: E402
 from reconciler.tick import tick  # noqa: E402
 
 MB = 1024 * 1024
@@ -161,6 +162,7 @@ def main() -> int:
         phases = Phases(not args.no_trace, args.top, "lineno" if args.frames <= 1 else "traceback")
         phases.mark("start")
         daemon = bench_daemon(repo, root)
+        tune_gc()  # as Daemon.run does
         parts = daemon.parts  # with the status writer's records
 
         def one_tick(label: str) -> None:

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 
 from reconciler.daemon import build_parts  # noqa: E402
-from reconciler.loop import Daemon  # noqa: E402
+from reconciler.loop import Daemon, tune_gc  # noqa: E402
 from reconciler.plan.actual import ActualJob, ActualModel, ActualState, Capacity  # noqa: E402
 from reconciler.plan.assess import assess  # noqa: E402
 from reconciler.plan.incremental import IncrementalPlanner  # noqa: E402
@@ -89,6 +89,7 @@ def measure(root: Path, objects: int, pushes: int, profile: bool) -> dict[str, f
     repo = make_repo(root, objects)
     made = time.perf_counter() - t0
     daemon = bench_daemon(repo, root)
+    tune_gc()  # as Daemon.run does
     parts = daemon.parts  # with the status writer's records
     start = cpu_seconds()
     assert daemon.run_once() == 0.0, daemon.last_error or daemon.tick_exception

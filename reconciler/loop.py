@@ -34,7 +34,16 @@ log = logging.getLogger("argus")
 MAX_BACKOFF_S = 60.0
 LEASE_POLL_S = 5.0
 FULL_GC_S = 600.0  # a full collection of everything the daemon holds, at most this often
+GC_YOUNG = 100_000  # allocations between two young collections in the daemon (Python's default: 700)
 _TICK = "tick"  # the loop's back-off key
+
+
+def tune_gc() -> None:
+    """Set the daemon process's collector: a young collection every :data:`GC_YOUNG` allocations.
+    A push tick at 100,000 objects allocates about a million objects; with Python's default it
+    ran ~650 young and ~4 full collections of what the tick made (0.4–0.5 s of CPU), with this
+    3 young ones (0.2 s). Full collections come from :meth:`Daemon.collect`."""
+    gc.set_threshold(GC_YOUNG, 50, 100)
 
 
 class Daemon:
@@ -157,6 +166,7 @@ class Daemon:
 
     def run(self) -> None:
         """Tick until ``stop`` is set. Never raises for source or Ray outages: backs off."""
+        tune_gc()
         backoff = 0.0
         self.wake.set()
         while not self.stop.is_set():

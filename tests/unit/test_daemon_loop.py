@@ -203,3 +203,9 @@ def test_ticks_freeze_what_the_daemon_keeps_and_collect_everything_now_and_then(
     daemon._full_gc_at = 0.0  # FULL_GC_S later
     assert daemon.run_once() == 0.0
     assert alive() is None
+    before = gc.get_threshold()
+    try:  # what Daemon.run sets for the process: young collections every GC_YOUNG allocations
+        loop_module.tune_gc()
+        assert gc.get_threshold()[0] == loop_module.GC_YOUNG > before[0]
+    finally:
+        gc.set_threshold(*before)
