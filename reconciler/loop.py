@@ -35,6 +35,8 @@ MAX_BACKOFF_S = 60.0
 LEASE_POLL_S = 5.0
 FULL_GC_S = 600.0  # a full collection of everything the daemon holds, at most this often
 GC_YOUNG = 100_000  # allocations between two young collections in the daemon (Python's default: 700)
+FROZEN_GROWTH = 1.5  # a full collection as soon as the frozen heap is this many times the last one's
+FROZEN_FLOOR = 100_000  # objects: below this a small daemon's frozen heap never triggers one
 _TICK = "tick"  # the loop's back-off key
 
 
@@ -103,6 +105,7 @@ class Daemon:
         self.tick_exception: str | None = None  # the last tick's unexpected exception, until one succeeds
         self._last_fetch = 0.0
         self._full_gc_at = 0.0  # when the next full collection is due (:meth:`collect`)
+        self._frozen_after_full = FROZEN_FLOOR  # objects frozen right after the last full collection
         self._backoff = Backoff(first=1.0, cap=MAX_BACKOFF_S)  # one key: the loop's own ticks
         self._lease_until = 0.0
 
@@ -217,18 +220,24 @@ class Daemon:
         return 0.0
 
     def collect(self) -> None:
-        """Keep the cyclic GC off the state the daemon holds between ticks.
+        """Keep the cyclic GC off the state the daemon holds between ticks, with a bound.
 
         Every tick's survivors (the desired tree, the memos: millions of objects at 100,000) are
-        frozen, so the collections that allocation triggers scan only what the last tick made;
-        without it full collections took 1–2 s of every push tick at 100,000 objects. Frozen
-        objects are still freed by reference counting; only cyclic garbage among them waits for
-        the full collection made every :data:`FULL_GC_S` (a few hundred objects a push)."""
+        frozen, so the automatic collections scan only what the next tick makes; without it full
+        collections took 1–2 s of every push tick at 100,000 objects. Before freezing, the young
+        generations are collected, so the tick's own cyclic garbage (an exception and the frames
+        its traceback holds, with whatever they reference) is freed now and never frozen. What
+        can still wait is cyclic garbage among objects frozen earlier: everything is collected
+        once every :data:`FULL_GC_S`, and sooner when the frozen heap grew by half since."""
         now = time.monotonic()
-        if now >= self._full_gc_at:
+        if now >= self._full_gc_at or gc.get_freeze_count() > FROZEN_GROWTH * self._frozen_after_full:
             gc.unfreeze()
             gc.collect()
             self._full_gc_at = now + FULL_GC_S
+            gc.freeze()
+            self._frozen_after_full = max(gc.get_freeze_count(), FROZEN_FLOOR)
+            return
+        gc.collect(1)
         gc.freeze()
 
     def _hold_lease(self) -> bool:

@@ -206,9 +206,13 @@ class Reporter:
         a tail once written (``documents._keep``), so nothing else needs it again.
         """
         held = set()  # Ray's jobs that are runs of a reported object (few: not every object's)
+        runs_of: dict[ObjectKey, set[str]] = {}
         for job in result.actual.jobs:
-            status = result.statuses.get(job.key)
-            if status is not None and any(r.submission_id == job.submission_id for r in status.runs):
+            runs = runs_of.get(job.key)
+            if runs is None:
+                status = result.statuses.get(job.key)
+                runs = runs_of[job.key] = {r.submission_id for r in status.runs} if status is not None else set()
+            if job.submission_id in runs:
                 held.add(job.submission_id)
         for sid in [s for s in self.log_tails if s not in held]:
             del self.log_tails[sid]

@@ -465,12 +465,16 @@ class StatusWriter:
             if isinstance(value, list):
                 out[self.redact(str(name))] = [cached(json.dumps(e, sort_keys=True, default=str), e) for e in value]
             elif isinstance(value, dict) and len(value) > 64:
-                # A table by object (first_seen): entry by entry, as a one-entry mapping each.
+                # A table by object (first_seen): entry by entry, each kept as its redacted pair.
                 table: dict[str, Any] = {}
                 for k, v in value.items():
                     # type(v): 1, 1.0 and True are equal keys but different JSON.
                     raw = (name, k, type(v), v) if isinstance(v, (str, int, float)) else json.dumps({k: v}, default=str)
-                    table.update(cached(raw, {k: v}))
+                    pair = entries.get(raw)
+                    if pair is None:
+                        pair = known[raw] if raw in known else next(iter(redact_tree({k: v}, self.redact).items()))
+                        entries[raw] = pair
+                    table[pair[0]] = pair[1]
                 out[self.redact(str(name))] = table
             else:
                 out[self.redact(str(name))] = redact_tree(value, self.redact)

@@ -185,24 +185,42 @@ class _Cycle:
 
 def test_ticks_freeze_what_the_daemon_keeps_and_collect_everything_now_and_then(tmp_path: Path) -> None:
     """The cyclic GC scans only what the last tick made (a full collection took 1–2 s of every push
-    tick at 100,000 objects), and cyclic garbage among the frozen objects waits for the full
-    collection made every FULL_GC_S, no longer."""
+    tick at 100,000 objects); a tick's own cyclic garbage is collected before the freeze, and cyclic
+    garbage among frozen objects waits for the full collection made every FULL_GC_S or when the
+    frozen heap grew by half, no longer."""
     import gc
     import weakref
 
     daemon = _daemon(_repo(tmp_path), FakeRay())
     assert daemon.run_once() == 0.0
     assert gc.get_freeze_count() > 0
-    cycle = _Cycle()
-    cycle.me = cycle
-    alive = weakref.ref(cycle)
-    del cycle
-    assert daemon.run_once() == 0.0  # frozen by this tick, and no full collection due
-    gc.collect()
-    assert alive() is not None
+
+    def cycle() -> weakref.ref[_Cycle]:
+        made = _Cycle()
+        made.me = made
+        return weakref.ref(made)
+
+    young = cycle()  # garbage a tick made (an exception and its traceback's frames, say)
+    was_enabled = gc.isenabled()
+    gc.disable()  # only the tick's own collection may free it
+    try:
+        assert daemon.run_once() == 0.0
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert young() is None
+    old = cycle()
+    gc.freeze()  # garbage among what earlier ticks froze
+    assert daemon.run_once() == 0.0  # no full collection due
+    assert old() is not None
     daemon._full_gc_at = 0.0  # FULL_GC_S later
     assert daemon.run_once() == 0.0
-    assert alive() is None
+    assert old() is None
+    grown = cycle()
+    gc.freeze()
+    daemon._frozen_after_full = gc.get_freeze_count() // 2  # the frozen heap doubled since
+    assert daemon.run_once() == 0.0
+    assert grown() is None
     before = gc.get_threshold()
     try:  # what Daemon.run sets for the process: young collections every GC_YOUNG allocations
         loop_module.tune_gc()
