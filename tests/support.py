@@ -40,6 +40,20 @@ def git(cwd: Path | str, *args: str, check: bool = True) -> str:
     return proc.stdout
 
 
+def status_test_repo(root: Path) -> tuple[Path, str]:
+    """A bare repository ``root/config.git`` with one commit on ``main`` pushed from its clone
+    ``root/work`` (the status-branch tests write beside it). Returns (bare, commit)."""
+    bare = root / "config.git"
+    git(root, "init", "-q", "--bare", "-b", "main", str(bare))
+    work = root / "work"
+    git(root, "clone", "-q", str(bare), str(work))
+    (work / "README.md").write_text("config\n")
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", "init")
+    git(work, "push", "-q", "origin", "HEAD:main")
+    return bare, git(work, "rev-parse", "HEAD").strip()
+
+
 class ConfigRepo:
     """A bare repository (what the daemon watches) and a clone users push from."""
 

@@ -17,7 +17,7 @@ from reconciler.redact import MASK, RedactingFormatter, Redactor, redact_tree
 from reconciler.source.remote import open_source
 from reconciler.spec.types import ObjectKey
 from reconciler.status.writer import StatusReport, StatusWriter
-from tests.support import git
+from tests.support import git, status_test_repo
 
 HF = "hf_DaemonOwnSecretValue0123456789abcd"
 WANDB = "wandb-daemon-secret-0123456789"
@@ -36,15 +36,7 @@ LEAKS = [HF, WANDB, GH, "secretbodyline", WANDB[8:]]
 
 
 def _repo(tmp_path: Path) -> tuple[Path, str]:
-    bare = tmp_path / "config.git"
-    git(tmp_path, "init", "-q", "--bare", "-b", "main", str(bare))
-    work = tmp_path / "work"
-    git(tmp_path, "clone", "-q", str(bare), str(work))
-    (work / "README.md").write_text("config\n")
-    git(work, "add", "-A")
-    git(work, "commit", "-q", "-m", "init")
-    git(work, "push", "-q", "origin", "HEAD:main")
-    return bare, git(work, "rev-parse", "HEAD").strip()
+    return status_test_repo(tmp_path)
 
 
 def every_blob_and_message(repo: Path) -> str:

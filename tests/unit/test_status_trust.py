@@ -23,7 +23,7 @@ from reconciler.status.branch import read_documents, write_note
 from reconciler.status.lease import LEASE_REF, Lease
 from reconciler.status.trust import commit_parts, trusted_documents
 from reconciler.status.writer import StatusReport, StatusWriter
-from tests.support import git
+from tests.support import git, status_test_repo
 
 OWNERSHIP_KEY = b"k" * 32
 KEY = status_key(OWNERSHIP_KEY)
@@ -34,15 +34,7 @@ STATUS = "argus/status"
 
 
 def _bare(tmp_path: Path) -> Path:
-    bare = tmp_path / "config.git"
-    git(tmp_path, "init", "-q", "--bare", "-b", "main", str(bare))
-    work = tmp_path / "seed"
-    git(tmp_path, "clone", "-q", str(bare), str(work))
-    (work / "README.md").write_text("config\n")
-    git(work, "add", "-A")
-    git(work, "commit", "-q", "-m", "init")
-    git(work, "push", "-q", "origin", "HEAD:main")
-    return bare
+    return status_test_repo(tmp_path)[0]
 
 
 def _writer(source: RepoSource, anchor: Path, key: bytes | None = KEY) -> StatusWriter:

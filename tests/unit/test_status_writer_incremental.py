@@ -25,7 +25,7 @@ from reconciler.source.remote import open_source
 from reconciler.spec.types import ObjectKey
 from reconciler.status.store import StatusStore
 from reconciler.status.writer import StatusReport, StatusWriter
-from tests.support import git
+from tests.support import git, status_test_repo
 
 KEYS = [ObjectKey(u, k, n) for u in ("alice", "bob") for k in ("model", "task") for n in ("a", "b", "c")]
 STATES = ("RUNNING", "QUEUED", "SUSPENDED", "FAILED")
@@ -44,15 +44,8 @@ step = st.one_of(
 
 
 def _repo(root: Path) -> tuple[Path, Path, str]:
-    bare = root / "config.git"
-    git(root, "init", "-q", "--bare", "-b", "main", str(bare))
-    work = root / "work"
-    git(root, "clone", "-q", str(bare), str(work))
-    (work / "README.md").write_text("config\n")
-    git(work, "add", "-A")
-    git(work, "commit", "-q", "-m", "init")
-    git(work, "push", "-q", "origin", "HEAD:main")
-    return bare, work, git(work, "rev-parse", "HEAD").strip()
+    bare, sha = status_test_repo(root)
+    return bare, root / "work", sha
 
 
 def _status(key: ObjectKey, state: str) -> ObjectStatus:
