@@ -12,9 +12,16 @@ it, and adding a model never touches another model's replica.
 The table says what may be routed; ``serve.status()`` says what can be: an entry is routed once
 its application runs a replica of the named deployment whose ``llm_config()`` reports the named
 model id. Serve's status is read when the table changes, on a request for a name the table holds
-but that is not routable yet (at most every MISS_REFRESH_MIN_S), and by a slow safety refresh
-(``refresh_s``, default SAFETY_REFRESH_S) that drops applications removed behind the daemon's back.
-A name the table does not hold is a 404 at once: unknown names cost no Serve call.
+but that is not routable yet, and by a slow safety refresh (``refresh_s``, default
+SAFETY_REFRESH_S) that drops applications removed behind the daemon's back. A name the table does
+not hold is a 404 at once: unknown names cost no Serve call.
+
+The router runs several replicas, and each learns of a model's replica by its own read. A request
+(a completion, or ``/v1/models/<name>``) for a tabled name its replica cannot route yet therefore
+waits for a read that *started after the request arrived* before it is answered 404: a model one
+replica just listed in ``/v1/models`` is never a 404 from another. Those reads are spaced
+MISS_REFRESH_MIN_S apart and shared by every request waiting, so a flood of requests for a model
+that is still starting (or failed) costs Serve two reads a second, not one per request.
 
 Each model is also routable under its stable alias: the ``served_name:`` of its file (carried
 in ``llm_config.experimental_configs["argus_alias"]``) or else ``<user>-<name>``, derived from
@@ -49,7 +56,7 @@ ROUTER_APP = "argus-router"
 LLM_DEPLOYMENT_PREFIX = "LLMServer:"
 SAFETY_REFRESH_S = 30.0  # re-read Serve's status this often even when no table arrives
 REFRESH_BOUNDS_S = (1.0, 86400.0)  # the range a user_config ``refresh_s`` is clamped to
-MISS_REFRESH_MIN_S = 0.5  # a request for a tabled but unroutable name refreshes at most this often
+MISS_REFRESH_MIN_S = 0.5  # reads of Serve on behalf of requests for tabled, unroutable names: at most this often
 LLM_CONFIG_TIMEOUT_S = 10.0  # bound on asking a new model's replica for its LLMConfig
 MAX_TABLE_ENTRIES = 100_000  # entries past this are ignored (and logged)
 MAX_FIELD_CHARS = 512  # an entry with a longer field is ignored
@@ -158,7 +165,8 @@ class ArgusIngress(OpenAiIngress):
         self._refused: set[str] = set()  # apps whose model id or alias another app holds
         self._refresh_s = SAFETY_REFRESH_S
         self._lock = asyncio.Lock()
-        self._last_refresh = 0.0
+        self._refresh_started = float("-inf")  # monotonic start of the last read of Serve
+        self._last_refresh = float("-inf")  # monotonic end of the last read that succeeded
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._ensure_refresh_task()
@@ -179,7 +187,7 @@ class ArgusIngress(OpenAiIngress):
             self._routes.pop(app)
             logger.info("argus router: dropped application %s (no longer in the table)", app)
         self._claim()
-        self._last_refresh = 0.0  # the next refresh (now, and on a miss) reads Serve afresh
+        self._last_refresh = float("-inf")  # the next refresh (now, and on a miss) reads Serve afresh
         self._wake.set()
         self._ensure_refresh_task()
 
@@ -216,8 +224,23 @@ class ArgusIngress(OpenAiIngress):
                 return
             await self._refresh()
 
+    async def _refresh_since(self, since: float) -> None:
+        """Return once a read of Serve that started at or after ``since`` (monotonic) has finished.
+
+        Reads made for this start at least MISS_REFRESH_MIN_S after the previous one; callers
+        queue on the lock and share the next read. Raises what ``_refresh`` raises.
+        """
+        async with self._lock:
+            if self._refresh_started >= since and self._last_refresh >= self._refresh_started:
+                return  # a read that began after the caller's request has finished meanwhile
+            pause = self._refresh_started + MISS_REFRESH_MIN_S - time.monotonic()
+            if pause > 0:
+                await asyncio.sleep(pause)
+            await self._refresh()
+
     async def _refresh(self) -> None:
         """Route every tabled application Serve runs; drop the rest. Holds ``_lock``."""
+        self._refresh_started = time.monotonic()
         # serve.status() blocks on the controller: keep it off the event loop.
         serve_status = await asyncio.to_thread(serve.status)
         table = self._table  # reconfigure() may swap it while we await below
@@ -274,11 +297,12 @@ class ArgusIngress(OpenAiIngress):
         self._refused = refused
 
     async def _known(self, model: str) -> bool:
-        """True when ``model`` is routable, refreshing first when the table holds it but it is not."""
+        """True when ``model`` is routable; when the table holds it but this replica cannot route it
+        yet, only after a read of Serve that started after this call (another replica may route it)."""
         if model in self._model_cards or model in self._aliases:
             return True
         if model in self._tabled_names:
-            await self._refresh_if_older(MISS_REFRESH_MIN_S)  # it may have just become ready
+            await self._refresh_since(time.monotonic())
         return model in self._model_cards or model in self._aliases
 
     def _get_response(self, *, body: Any, call_method: str, raw_request: Any = None) -> AsyncIterator[Any]:
@@ -296,7 +320,8 @@ class ArgusIngress(OpenAiIngress):
         return self._get_response_after_refresh(body=body, call_method=call_method, raw_request=raw_request)
 
     async def _get_response_after_refresh(self, *, body: Any, call_method: str, raw_request: Any) -> AsyncIterator[Any]:
-        await self._known(body.model)
+        if not await self._known(body.model):
+            raise _not_found(body.model)  # here, not in _get_model_id: that would wait for a second read
         target = self._aliases.get(body.model, body.model)
         if target != body.model:
             body = body.model_copy(update={"model": target})
@@ -304,18 +329,16 @@ class ArgusIngress(OpenAiIngress):
             yield response
 
     async def model(self, model_id: str) -> Any:
+        """The card of a dated id or alias (``/v1/models/<name>``; None: not routable, a 404)."""
+        await self._known(model_id)
         if model_id in self._alias_cards:
             return self._alias_cards[model_id]
         return await super().model(model_id)
 
     async def _get_model_id(self, model: str | None) -> str:
-        """Refresh once on a tabled but unroutable model (it may have just become ready), then 404."""
+        """The dated id a request names (or its alias's); raises ModelNotFound (404) when not routable."""
         if model is not None and not await self._known(model):
-            raise ModelNotFound(
-                status_code=http_status.HTTP_404_NOT_FOUND,
-                message=f"The model `{model}` does not exist or is not ready.",
-                type="ModelNotFound",
-            )
+            raise _not_found(model)
         return await super()._get_model_id(model)
 
     async def models(self) -> Any:
@@ -326,6 +349,14 @@ class ArgusIngress(OpenAiIngress):
         listing = await super().models()
         listing.data.extend(self._alias_cards.values())
         return listing
+
+
+def _not_found(model: str) -> ModelNotFound:
+    return ModelNotFound(
+        status_code=http_status.HTTP_404_NOT_FOUND,
+        message=f"The model `{model}` does not exist or is not ready.",
+        type="ModelNotFound",
+    )
 
 
 def _alias(app_name: str, alias: str | None) -> str | None:

@@ -113,8 +113,12 @@ def test_aliases_are_listed_and_answer_like_the_dated_name(env: Env, client: Any
         every=1,
     )
     assert "ivy-prod" not in names  # a served_name replaces the default alias
-    card = client.models.retrieve("ivy-chat")
-    assert card.id == "ivy-chat"
+    # Listed by one router replica means found by every one (there are two; each request may
+    # reach either): a replica that has not seen the model run yet reads Serve before a 404.
+    retrieved = [
+        client.models.retrieve(n).id for _ in range(6) for n in (dated_chat, dated_prod, "ivy-chat", "ivy-live")
+    ]
+    assert retrieved == [dated_chat, dated_prod, "ivy-chat", "ivy-live"] * 6
 
     assert answer(client, "ivy-chat") == answer(client, dated_chat)
     assert answer(client, "ivy-live") == answer(client, dated_prod)

@@ -1,0 +1,170 @@
+"""When a router replica reads Serve on a request's behalf (reconciler/serve_apps/router.py).
+
+The router runs several replicas, each with its own view of which tabled models run. These tests
+drive two ``ArgusIngress`` objects (the class Serve wraps, not a Serve replica) against a stand-in
+for ``serve.status()`` and the model replica's ``llm_config()``, so the order of reads and model
+start-ups can be set exactly; tests/e2e/test_model_alias.py sends the same requests through a
+real Serve with two router replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from ray.llm._internal.serve.core.configs.openai_api_models import OpenAIHTTPException
+
+from reconciler.serve_apps import router
+from reconciler.serve_apps.router import MISS_REFRESH_MIN_S, ArgusIngress
+
+APP, MODEL_ID, ALIAS = "argus--ivy--chat", "ivy-202612012216-chat", "ivy-chat"
+DEPLOYMENT = f"LLMServer:{MODEL_ID}"
+TABLE = {"models": [[APP, DEPLOYMENT, MODEL_ID, ""]]}
+
+
+@dataclass
+class FakeServe:
+    """``serve.status()`` and ``serve.get_deployment_handle()`` for one model application.
+
+    ``status()`` reads whether the model runs when it is called and answers ``delay_s`` later,
+    as the controller does; ``reads`` counts the calls.
+    """
+
+    running: bool = False
+    delay_s: float = 0.0
+    reads: int = 0
+    started: threading.Event = field(default_factory=threading.Event)
+
+    def status(self) -> Any:
+        self.reads += 1
+        running = self.running  # what the controller knew when asked
+        self.started.set()
+        time.sleep(self.delay_s)
+        if not running:
+            return SimpleNamespace(applications={})
+        deployment = SimpleNamespace(replica_states={"RUNNING": 1})
+        app = SimpleNamespace(deployments={DEPLOYMENT: deployment}, last_deployed_time_s=1.0)
+        return SimpleNamespace(applications={APP: app})
+
+    def get_deployment_handle(self, deployment: str, app_name: str) -> Any:
+        config = SimpleNamespace(model_id=MODEL_ID, input_modality="text", max_request_context_length=256)
+
+        async def llm_config() -> Any:
+            return config
+
+        return SimpleNamespace(llm_config=SimpleNamespace(remote=llm_config))
+
+
+@pytest.fixture
+def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeServe]:
+    fake = FakeServe()
+    monkeypatch.setattr(router, "serve", fake)
+    yield fake
+
+
+async def replica(table: Any = TABLE) -> ArgusIngress:
+    """A router replica that has taken ``table`` and finished its first read of Serve."""
+    ingress = ArgusIngress()
+    await ingress.reconfigure(table)
+    assert ingress._task is not None
+    ingress._task.cancel()  # no background refresh: each test makes every read itself
+    await asyncio.gather(ingress._task, return_exceptions=True)
+    await ingress._refresh_if_older(0.0)
+    return ingress
+
+
+async def card(ingress: ArgusIngress, name: str) -> str | None:
+    """``/v1/models/<name>``: the card's id, or None for a 404."""
+    try:
+        return str((await ingress.model_data(name)).id)
+    except OpenAIHTTPException as exc:
+        assert exc.status_code == 404
+        return None
+
+
+def test_a_model_one_replica_lists_is_no_404_from_the_other(serve: FakeServe) -> None:
+    """The failure seen in CI: replica A listed the new model; replica B, which had read Serve
+    while the model was still starting, answered ``/v1/models/ivy-chat`` 404 without reading again."""
+
+    async def scenario() -> None:
+        a, b = await replica(), await replica()
+        assert await card(a, MODEL_ID) is None and await card(b, ALIAS) is None  # still starting
+        serve.running = True
+        await asyncio.sleep(MISS_REFRESH_MIN_S)
+        listing = await a.models()
+        assert [m.id for m in listing.data] == [MODEL_ID, ALIAS]
+        # B's last read is recent and said "not running": it must read again, not answer from it.
+        assert await card(b, ALIAS) == ALIAS
+        assert await card(b, MODEL_ID) == MODEL_ID
+        assert await b._get_model_id(MODEL_ID) == MODEL_ID  # the completion path asks the same
+
+    asyncio.run(scenario())
+
+
+def test_a_request_during_a_read_waits_for_a_read_that_started_after_it(serve: FakeServe) -> None:
+    """A read in flight began before the model ran; a request that arrives meanwhile is answered
+    from the next read, not from that one."""
+
+    async def scenario() -> None:
+        b = await replica()
+        serve.delay_s, serve.started = 0.3, threading.Event()
+        b._last_refresh = float("-inf")
+        in_flight = asyncio.ensure_future(b._refresh_if_older(0.0))  # as the background refresh does
+        await asyncio.to_thread(serve.started.wait, 5)
+        serve.running = True  # the model starts while that read is on its way back
+        assert await b._get_model_id(MODEL_ID) == MODEL_ID
+        await in_flight
+
+    asyncio.run(scenario())
+
+
+def test_requests_for_a_model_that_never_starts_share_few_reads_and_get_a_404(serve: FakeServe) -> None:
+    """A flood of requests for a tabled model that is not running costs Serve a read every
+    MISS_REFRESH_MIN_S at most, all of them answered 404 within about one such period; a name the
+    table does not hold costs no read at all."""
+
+    async def scenario() -> None:
+        b = await replica()
+        before = serve.reads
+        start = time.monotonic()
+        answers = await asyncio.gather(*(card(b, MODEL_ID) for _ in range(200)))
+        took = time.monotonic() - start
+        assert answers == [None] * 200
+        assert serve.reads - before <= 2, serve.reads - before
+        assert took < 3 * MISS_REFRESH_MIN_S + 1.0, took
+        before = serve.reads
+        assert await asyncio.gather(*(card(b, f"mallory-{i}") for i in range(200))) == [None] * 200
+        assert serve.reads == before
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_read_is_not_taken_for_an_answer(serve: FakeServe, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read that raised has not finished: the next request reads again (after the spacing)."""
+
+    async def scenario() -> None:
+        b = await replica()
+        calls = 0
+        real = serve.status
+
+        def flaky() -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise ConnectionError("controller unreachable")
+            return real()
+
+        monkeypatch.setattr(serve, "status", flaky)
+        serve.running = True
+        with pytest.raises(ConnectionError):
+            await b._get_model_id(MODEL_ID)
+        assert await b._get_model_id(MODEL_ID) == MODEL_ID
+        assert calls == 2
+
+    asyncio.run(scenario())
