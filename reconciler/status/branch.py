@@ -6,7 +6,7 @@ import contextlib
 import os
 import tempfile
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import yaml
@@ -75,6 +75,19 @@ def tree_blobs(repo: str, commit: str) -> dict[str, str]:
     return {decode_path(r.partition(b"\t")[2]): r.split()[2].decode() for r in listing if r}
 
 
+def index_records(entries: Iterable[tuple[str, str | None]]) -> bytes:
+    """``git update-index -z --index-info`` input for ``(path, blob id)`` pairs (None: remove the
+    path). NUL-terminated, so a path may hold any byte: one decoded with ``surrogateescape`` (a name
+    that is not UTF-8, on a branch someone else pushed) encodes back to git's bytes, and a newline
+    in a name cannot end a record early."""
+    return b"".join(
+        (f"100644 {blob}\t" if blob is not None else f"0 {'0' * 40}\t").encode()
+        + path.encode("utf-8", "surrogateescape")
+        + b"\0"
+        for path, blob in entries
+    )
+
+
 def commit_tree(repo: str, branch: str, blobs: Mapping[str, str], message: str, parent: str | None) -> str | None:
     """Make ``blobs`` (path -> blob id) the whole tree of ``branch`` in one commit on ``parent``.
 
@@ -85,8 +98,8 @@ def commit_tree(repo: str, branch: str, blobs: Mapping[str, str], message: str, 
     """
     with tempfile.TemporaryDirectory() as tmp:
         env = {**AUTHOR, "GIT_INDEX_FILE": os.path.join(tmp, "index")}
-        index_info = "".join(f"100644 {blob}\t{path}\n" for path, blob in sorted(blobs.items()))
-        git.run(repo, "update-index", "--add", "--index-info", input=index_info.encode(), env=env)
+        records = index_records(sorted(blobs.items()))
+        git.run(repo, "update-index", "-z", "--add", "--index-info", input=records, env=env)
         tree = git.run(repo, "write-tree", env=env).decode().strip()
         if parent is not None and git.text(repo, "rev-parse", f"{parent}^{{tree}}") == tree:
             return None
@@ -166,10 +179,11 @@ class TreeWriter:
             else:
                 edits = {p: b for p, b in blobs.items() if self._blobs.get(p) != b}
                 edits.update((p, None) for p in self._blobs.keys() - blobs.keys())
-            lines = [f"100644 {b}\t{p}\n" if b is not None else f"0 {'0' * 40}\t{p}\n" for p, b in edits.items()]
-            if lines or self._tree is None:
+            if edits or self._tree is None:
                 try:
-                    self._git("update-index", "--add", "--remove", "--index-info", input="".join(lines).encode())
+                    self._git(
+                        "update-index", "-z", "--add", "--remove", "--index-info", input=index_records(edits.items())
+                    )
                     self._tree = self._git("write-tree")
                 except BaseException:
                     self._tree, self._blobs = None, {}  # the index is in doubt: read again next time

@@ -12,6 +12,8 @@ on the branch, what it holds and what it wrote equal a full recomputation. Real 
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,9 @@ from tests.support import git, status_test_repo
 KEYS = [ObjectKey(u, k, n) for u in ("alice", "bob") for k in ("model", "task") for n in ("a", "b", "c")]
 STATES = ("RUNNING", "QUEUED", "SUSPENDED", "FAILED")
 CLOCK = "2026-12-01T12:00:00Z"
+# A name that is not UTF-8 (decoded with surrogateescape), one with a newline, one with a tab:
+# git stores any of them; someone who can push the status branch could leave one there.
+ODD_NAMES = ["junk-\udcff.yaml", "users/alice/two\nlines.yaml", "users/bob/a\tb.yaml"]
 
 step = st.one_of(
     st.tuples(
@@ -39,7 +44,7 @@ step = st.one_of(
     ),
     st.tuples(st.just("record"), st.sampled_from([k for k in KEYS if k.kind == "task"]), st.integers(1, 3)),
     st.tuples(st.just("other"), st.sampled_from(KEYS), st.sampled_from(STATES)),
-    st.tuples(st.just("stray"), st.sampled_from(["users/alice/notes.txt", "junk.yaml"]), st.just(0)),
+    st.tuples(st.just("stray"), st.sampled_from(["users/alice/notes.txt", "junk.yaml", *ODD_NAMES]), st.just(0)),
 )
 
 
@@ -119,3 +124,28 @@ def test_writes_in_deltas_equal_a_full_build(tmp_path_factory: Any, steps: list[
     assert files == {k.path for k in last.statuses} | {"README.md", "revision.yaml", "actual.json"}
     fresh = _writer(bare, root / "fresh")
     assert fresh.write(last) is None  # a full build finds the tree the deltas built
+
+
+def test_a_stray_file_with_any_name_is_dropped_and_the_writer_goes_on(tmp_path: Path) -> None:
+    bare, work, sha = _repo(tmp_path)
+    writer = _writer(bare, tmp_path / "cache")
+    writer.write(_report(sha, {KEYS[0]: "RUNNING"}, 0))
+    git(work, "fetch", "-q", "origin", "argus/status")
+    git(work, "checkout", "-q", "FETCH_HEAD")
+    for name in ODD_NAMES:
+        path = work / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("not argus's\n")
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", "odd names")
+    git(work, "push", "-q", "origin", "HEAD:refs/heads/argus/status")
+    git(work, "checkout", "-q", "main")
+    last = _report(sha, {KEYS[0]: "QUEUED", KEYS[1]: "RUNNING"}, 1)
+    assert writer.write(last) is not None
+    _same_as_a_fresh_read(writer)
+    listing = subprocess.run(
+        ["git", "ls-tree", "-r", "-z", "--name-only", "argus/status"], cwd=bare, capture_output=True, check=True
+    ).stdout
+    files = {os.fsdecode(name) for name in listing.split(b"\0") if name}
+    assert files == {k.path for k in last.statuses} | {"README.md", "revision.yaml", "actual.json"}
+    assert _writer(bare, tmp_path / "fresh").write(last) is None
