@@ -166,6 +166,8 @@ class ArgusIngress(OpenAiIngress):
         self._refresh_s = SAFETY_REFRESH_S
         self._lock = asyncio.Lock()
         self._refresh_started = float("-inf")  # monotonic start of the last read of Serve
+        self._refresh_ended = float("-inf")  # and its end, whether it succeeded or raised
+        self._refresh_failed = False  # the last read raised
         self._last_refresh = float("-inf")  # monotonic end of the last read that succeeded
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -224,23 +226,35 @@ class ArgusIngress(OpenAiIngress):
                 return
             await self._refresh()
 
-    async def _refresh_since(self, since: float) -> None:
-        """Return once a read of Serve that started at or after ``since`` (monotonic) has finished.
+    async def _refresh_since(self, since: float) -> bool:
+        """Wait until a read of Serve that started at or after ``since`` (monotonic) has ended.
 
         Reads made for this start at least MISS_REFRESH_MIN_S after the previous one; callers
-        queue on the lock and share the next read. Raises what ``_refresh`` raises.
+        queue on the lock and share the next read, failed or not (so an unreachable controller
+        costs two reads a second, not one per request). Returns whether that read succeeded.
         """
         async with self._lock:
-            if self._refresh_started >= since and self._last_refresh >= self._refresh_started:
-                return  # a read that began after the caller's request has finished meanwhile
-            pause = self._refresh_started + MISS_REFRESH_MIN_S - time.monotonic()
-            if pause > 0:
-                await asyncio.sleep(pause)
-            await self._refresh()
+            if not (self._refresh_started >= since and self._refresh_ended >= self._refresh_started):
+                pause = self._refresh_started + MISS_REFRESH_MIN_S - time.monotonic()
+                if pause > 0:
+                    await asyncio.sleep(pause)
+                try:
+                    await self._refresh()
+                except Exception as exc:  # this request's answer says so; the next one reads again
+                    logger.warning("argus router: reading Serve's status failed: %r", exc)
+            return not self._refresh_failed
 
     async def _refresh(self) -> None:
-        """Route every tabled application Serve runs; drop the rest. Holds ``_lock``."""
-        self._refresh_started = time.monotonic()
+        """One read of Serve (``_read_serve``), its start, end and outcome recorded. Holds ``_lock``."""
+        self._refresh_started, self._refresh_failed = time.monotonic(), True
+        try:
+            await self._read_serve()
+            self._refresh_failed = False
+        finally:
+            self._refresh_ended = time.monotonic()
+
+    async def _read_serve(self) -> None:
+        """Route every tabled application Serve runs; drop the rest."""
         # serve.status() blocks on the controller: keep it off the event loop.
         serve_status = await asyncio.to_thread(serve.status)
         table = self._table  # reconfigure() may swap it while we await below
@@ -298,11 +312,18 @@ class ArgusIngress(OpenAiIngress):
 
     async def _known(self, model: str) -> bool:
         """True when ``model`` is routable; when the table holds it but this replica cannot route it
-        yet, only after a read of Serve that started after this call (another replica may route it)."""
+        yet, only after a read of Serve that started after this call (another replica may route it).
+        Raises OpenAIHTTPException (503) when that read failed."""
         if model in self._model_cards or model in self._aliases:
             return True
         if model in self._tabled_names:
-            await self._refresh_since(time.monotonic())
+            read = await self._refresh_since(time.monotonic())
+            if not read and model not in self._model_cards and model not in self._aliases:
+                raise OpenAIHTTPException(  # not a 404: the model may run; clients retry a 503
+                    status_code=http_status.HTTP_503_SERVICE_UNAVAILABLE,
+                    message=f"The router cannot tell whether `{model}` is ready (Serve's status is unavailable).",
+                    type="ServiceUnavailable",
+                )
         return model in self._model_cards or model in self._aliases
 
     def _get_response(self, *, body: Any, call_method: str, raw_request: Any = None) -> AsyncIterator[Any]:
