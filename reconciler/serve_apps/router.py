@@ -19,9 +19,12 @@ not hold is a 404 at once: unknown names cost no Serve call.
 The router runs several replicas, and each learns of a model's replica by its own read. A request
 (a completion, or ``/v1/models/<name>``) for a tabled name its replica cannot route yet therefore
 waits for a read that *started after the request arrived* before it is answered 404: a model one
-replica just listed in ``/v1/models`` is never a 404 from another. Those reads are spaced
-MISS_REFRESH_MIN_S apart and shared by every request waiting, so a flood of requests for a model
-that is still starting (or failed) costs Serve two reads a second, not one per request.
+replica just listed in ``/v1/models`` is never a 404 from another. One read runs at a time, at
+least MISS_REFRESH_MIN_S after the last one ended, shared by every request waiting for it, so a
+flood of requests for a model that is still starting (or failed) costs Serve about two reads a
+second, not one per request. Such a request is a 503 (clients retry it) when the read failed,
+when it waited MISS_WAIT_S, or when MAX_WAITING requests of its replica wait already: a flood
+for models that do not run yet cannot hold the router's request slots that running models need.
 
 Each model is also routable under its stable alias: the ``served_name:`` of its file (carried
 in ``llm_config.experimental_configs["argus_alias"]``) or else ``<user>-<name>``, derived from
@@ -38,7 +41,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +59,9 @@ ROUTER_APP = "argus-router"
 LLM_DEPLOYMENT_PREFIX = "LLMServer:"
 SAFETY_REFRESH_S = 30.0  # re-read Serve's status this often even when no table arrives
 REFRESH_BOUNDS_S = (1.0, 86400.0)  # the range a user_config ``refresh_s`` is clamped to
-MISS_REFRESH_MIN_S = 0.5  # reads of Serve on behalf of requests for tabled, unroutable names: at most this often
+MISS_REFRESH_MIN_S = 0.5  # a read of Serve starts at least this long after the last one ended
+MISS_WAIT_S = 5.0  # a request waits this long at most for a read of Serve, then it is a 503
+MAX_WAITING = 256  # requests of one replica waiting for a read at once; more are a 503 at once
 LLM_CONFIG_TIMEOUT_S = 10.0  # bound on asking a new model's replica for its LLMConfig
 MAX_TABLE_ENTRIES = 100_000  # entries past this are ignored (and logged)
 MAX_FIELD_CHARS = 512  # an entry with a longer field is ignored
@@ -164,11 +169,10 @@ class ArgusIngress(OpenAiIngress):
         self._alias_cards: dict[str, Any] = {}  # alias -> ModelCard
         self._refused: set[str] = set()  # apps whose model id or alias another app holds
         self._refresh_s = SAFETY_REFRESH_S
-        self._lock = asyncio.Lock()
-        self._refresh_started = float("-inf")  # monotonic start of the last read of Serve
-        self._refresh_ended = float("-inf")  # and its end, whether it succeeded or raised
-        self._refresh_failed = False  # the last read raised
-        self._last_refresh = float("-inf")  # monotonic end of the last read that succeeded
+        self._read: _Read | None = None  # the last read of Serve started (or waiting for its turn)
+        self._read_ended = float("-inf")  # monotonic end of the last read, whether it succeeded or not
+        self._table_at = float("-inf")  # monotonic time the last table arrived
+        self._waiting = 0  # requests waiting for a read now
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._ensure_refresh_task()
@@ -189,7 +193,7 @@ class ArgusIngress(OpenAiIngress):
             self._routes.pop(app)
             logger.info("argus router: dropped application %s (no longer in the table)", app)
         self._claim()
-        self._last_refresh = float("-inf")  # the next refresh (now, and on a miss) reads Serve afresh
+        self._table_at = time.monotonic()  # the next listing reads Serve afresh
         self._wake.set()
         self._ensure_refresh_task()
 
@@ -210,51 +214,46 @@ class ArgusIngress(OpenAiIngress):
         while True:
             self._wake.clear()  # before reading: a table that arrives meanwhile wakes the next round
             try:
-                await self._refresh_if_older(0.0)
+                await self._read_since(time.monotonic())
             except Exception:  # keep serving the last known models; log and retry
                 logger.exception("argus router: refreshing models failed")
             with contextlib.suppress(TimeoutError):  # a new table wakes it early; else the safety refresh
                 await asyncio.wait_for(self._wake.wait(), timeout=self._refresh_s)
 
-    async def _refresh_if_older(self, age_s: float) -> None:
-        """Refresh unless another one finished less than ``age_s`` ago (checked under the lock,
-        so a burst of misses costs one Serve read, not one each)."""
-        if time.monotonic() - self._last_refresh <= age_s:
-            return
-        async with self._lock:
-            if time.monotonic() - self._last_refresh <= age_s:
-                return
-            await self._refresh()
+    async def _read_since(self, since: float) -> bool:
+        """Wait until a read of Serve that started at or after ``since`` (monotonic) has ended,
+        starting one when none is due. Returns whether that read succeeded.
 
-    async def _refresh_since(self, since: float) -> bool:
-        """Wait until a read of Serve that started at or after ``since`` (monotonic) has ended.
-
-        Reads made for this start at least MISS_REFRESH_MIN_S after the previous one; callers
-        queue on the lock and share the next read, failed or not (so an unreachable controller
-        costs two reads a second, not one per request). Returns whether that read succeeded.
+        One read runs at a time, at least MISS_REFRESH_MIN_S after the last one ended, and every
+        caller due for it shares it, failed or not: a flood of requests, or an unreachable
+        controller, costs Serve about two reads a second. The read is a task of its own, so a
+        caller that is cancelled (a client that hangs up) does not cancel it for the others.
         """
-        async with self._lock:
-            if not (self._refresh_started >= since and self._refresh_ended >= self._refresh_started):
-                pause = self._refresh_started + MISS_REFRESH_MIN_S - time.monotonic()
-                if pause > 0:
-                    await asyncio.sleep(pause)
-                try:
-                    await self._refresh()
-                except Exception as exc:  # this request's answer says so; the next one reads again
-                    logger.warning("argus router: reading Serve's status failed: %r", exc)
-            return not self._refresh_failed
+        while True:
+            read = self._read
+            if read is None or (read.task.done() and (read.started is None or read.started < since)):
+                read = self._read = _Read(self._spaced_read)
+            elif read.started is not None and read.started < since:
+                await asyncio.wait([read.task])  # began before the caller asked: the next one, then
+                continue
+            return await asyncio.shield(read.task)
 
-    async def _refresh(self) -> None:
-        """One read of Serve (``_read_serve``), its start, end and outcome recorded. Holds ``_lock``."""
-        self._refresh_started, self._refresh_failed = time.monotonic(), True
+    async def _spaced_read(self, read: _Read) -> bool:
+        pause = self._read_ended + MISS_REFRESH_MIN_S - time.monotonic()
+        if pause > 0:
+            await asyncio.sleep(pause)
+        read.started = time.monotonic()
         try:
             await self._read_serve()
-            self._refresh_failed = False
+            return True
+        except Exception as exc:  # the callers' answers say so; the next caller reads again
+            logger.warning("argus router: reading Serve's status failed: %r", exc)
+            return False
         finally:
-            self._refresh_ended = time.monotonic()
+            self._read_ended = time.monotonic()
 
     async def _read_serve(self) -> None:
-        """Route every tabled application Serve runs; drop the rest."""
+        """Route every tabled application Serve runs; drop the rest. Runs in one ``_Read`` at a time."""
         # serve.status() blocks on the controller: keep it off the event loop.
         serve_status = await asyncio.to_thread(serve.status)
         table = self._table  # reconfigure() may swap it while we await below
@@ -283,7 +282,6 @@ class ArgusIngress(OpenAiIngress):
             self._routes.pop(app_name)
             logger.info("argus router: dropped application %s (not running)", app_name)
         self._claim()
-        self._last_refresh = time.monotonic()
 
     async def _route(self, entry: Entry, deployed_at: float) -> Route | None:
         """A route to ``entry`` once its replica confirms the model id (None: it names another)."""
@@ -313,18 +311,25 @@ class ArgusIngress(OpenAiIngress):
     async def _known(self, model: str) -> bool:
         """True when ``model`` is routable; when the table holds it but this replica cannot route it
         yet, only after a read of Serve that started after this call (another replica may route it).
-        Raises OpenAIHTTPException (503) when that read failed."""
+        Raises OpenAIHTTPException (503: the model may run, clients retry) when that read failed
+        or took longer than MISS_WAIT_S, or MAX_WAITING requests wait already."""
         if model in self._model_cards or model in self._aliases:
             return True
-        if model in self._tabled_names:
-            read = await self._refresh_since(time.monotonic())
-            if not read and model not in self._model_cards and model not in self._aliases:
-                raise OpenAIHTTPException(  # not a 404: the model may run; clients retry a 503
-                    status_code=http_status.HTTP_503_SERVICE_UNAVAILABLE,
-                    message=f"The router cannot tell whether `{model}` is ready (Serve's status is unavailable).",
-                    type="ServiceUnavailable",
-                )
-        return model in self._model_cards or model in self._aliases
+        if model not in self._tabled_names:
+            return False
+        if self._waiting >= MAX_WAITING:  # a flood for starting models holds no more request slots
+            raise _unavailable(model)
+        self._waiting += 1
+        try:
+            read = await asyncio.wait_for(self._read_since(time.monotonic()), timeout=MISS_WAIT_S)
+        except TimeoutError:
+            read = False
+        finally:
+            self._waiting -= 1
+        known = model in self._model_cards or model in self._aliases
+        if not read and not known:
+            raise _unavailable(model)
+        return known
 
     def _get_response(self, *, body: Any, call_method: str, raw_request: Any = None) -> AsyncIterator[Any]:
         """Route a request by alias as if it named the dated id (vLLM serves only that name).
@@ -365,11 +370,30 @@ class ArgusIngress(OpenAiIngress):
     async def models(self) -> Any:
         """Every dated model id, then every alias (``/v1/models``); a tabled model not listed yet
         (its replica starting) costs one Serve read at most every MISS_REFRESH_MIN_S."""
-        if len(self._routes) < len(self._table):
-            await self._refresh_if_older(MISS_REFRESH_MIN_S)
+        if len(self._routes) < len(self._table):  # a failed read lists what this replica knows
+            await self._read_since(max(time.monotonic() - MISS_REFRESH_MIN_S, self._table_at))
         listing = await super().models()
         listing.data.extend(self._alias_cards.values())
         return listing
+
+
+class _Read:
+    """One read of Serve that callers share: its task runs ``read(self)``; ``started`` is when it
+    asked Serve (None while it waits for its turn)."""
+
+    __slots__ = ("started", "task")
+
+    def __init__(self, read: Callable[[_Read], Coroutine[Any, Any, bool]]) -> None:
+        self.started: float | None = None
+        self.task: asyncio.Task[bool] = asyncio.get_running_loop().create_task(read(self))
+
+
+def _unavailable(model: str) -> OpenAIHTTPException:
+    return OpenAIHTTPException(
+        status_code=http_status.HTTP_503_SERVICE_UNAVAILABLE,
+        message=f"The router cannot tell yet whether `{model}` is ready; retry.",
+        type="ServiceUnavailable",
+    )
 
 
 def _not_found(model: str) -> ModelNotFound:

@@ -75,7 +75,7 @@ async def replica(table: Any = TABLE) -> ArgusIngress:
     assert ingress._task is not None
     ingress._task.cancel()  # no background refresh: each test makes every read itself
     await asyncio.gather(ingress._task, return_exceptions=True)
-    await ingress._refresh_if_older(0.0)
+    await ingress._read_since(time.monotonic())
     return ingress
 
 
@@ -99,7 +99,7 @@ def test_a_model_one_replica_lists_is_no_404_from_the_other(serve: FakeServe) ->
         await asyncio.sleep(MISS_REFRESH_MIN_S)
         listing = await a.models()
         assert [m.id for m in listing.data] == [MODEL_ID, ALIAS]
-        # B's last read is recent and said "not running": it must read again, not answer from it.
+        # B's last read said "not running": /v1/models/<name> must read again, not answer from it.
         assert await card(b, ALIAS) == ALIAS
         assert await card(b, MODEL_ID) == MODEL_ID
         assert await b._get_model_id(MODEL_ID) == MODEL_ID  # the completion path asks the same
@@ -114,8 +114,7 @@ def test_a_request_during_a_read_waits_for_a_read_that_started_after_it(serve: F
     async def scenario() -> None:
         b = await replica()
         serve.delay_s, serve.started = 0.3, threading.Event()
-        b._last_refresh = float("-inf")
-        in_flight = asyncio.ensure_future(b._refresh_if_older(0.0))  # as the background refresh does
+        in_flight = asyncio.ensure_future(b._read_since(time.monotonic()))  # as the background refresh does
         await asyncio.to_thread(serve.started.wait, 5)
         serve.running = True  # the model starts while that read is on its way back
         assert await b._get_model_id(MODEL_ID) == MODEL_ID
@@ -174,5 +173,51 @@ def test_a_failed_read_is_a_503_for_those_waiting_and_the_next_request_reads_aga
         failing = False
         assert await b._get_model_id(MODEL_ID) == MODEL_ID
         assert await card(b, ALIAS) == ALIAS
+
+    asyncio.run(scenario())
+
+
+def test_a_client_that_hangs_up_does_not_cancel_the_read_others_wait_for(serve: FakeServe) -> None:
+    """Requests share one read; cancelling any of them (a client disconnect), before or during
+    the read, leaves it running: the others are answered from it, not with a 503."""
+
+    async def scenario() -> None:
+        b = await replica()
+        serve.delay_s, serve.started, serve.running = 0.3, threading.Event(), True
+        before = serve.reads
+        waiting = [asyncio.ensure_future(b._get_model_id(MODEL_ID)) for _ in range(10)]
+        await asyncio.sleep(0.05)
+        waiting[0].cancel()  # while the read waits for its turn
+        await asyncio.to_thread(serve.started.wait, 5)
+        waiting[1].cancel()  # while it asks Serve
+        answers = await asyncio.gather(*waiting, return_exceptions=True)
+        assert all(isinstance(a, asyncio.CancelledError) for a in answers[:2])
+        assert answers[2:] == [MODEL_ID] * 8
+        assert serve.reads - before == 1
+
+    asyncio.run(scenario())
+
+
+def test_requests_waiting_for_a_read_are_bounded_in_number_and_time(
+    serve: FakeServe, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past MAX_WAITING waiting requests a request for a model this replica cannot route is a
+    503 at once, and none waits longer than MISS_WAIT_S for a slow controller: a flood for models
+    that do not run cannot hold the router's request slots."""
+    monkeypatch.setattr(router, "MAX_WAITING", 5)
+    monkeypatch.setattr(router, "MISS_WAIT_S", 0.5)
+
+    async def scenario() -> None:
+        b = await replica()
+        serve.delay_s = 1.5  # the controller answers slowly
+        start = time.monotonic()
+        answers = await asyncio.gather(*(b.model_data(MODEL_ID) for _ in range(20)), return_exceptions=True)
+        took = time.monotonic() - start
+        assert all(isinstance(a, OpenAIHTTPException) and a.status_code == 503 for a in answers), answers[:3]
+        assert b._waiting == 0
+        assert took < MISS_REFRESH_MIN_S + 0.5 + 1.0, took
+        serve.delay_s, serve.running = 0.0, True
+        await asyncio.sleep(1.5 + MISS_REFRESH_MIN_S)  # the slow read ends; the next is due
+        assert await card(b, MODEL_ID) == MODEL_ID
 
     asyncio.run(scenario())
