@@ -464,8 +464,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.format == "actual":
         proc = git.probe(source.repo.path, "show", f"{head}:actual.json")  # as written, byte for byte
         if proc.returncode != 0:
-            raise ArgusError(f"the status branch has no actual.json yet: {proc.stderr.decode().strip()}")
-        sys.stdout.write(proc.stdout.decode())
+            raise ArgusError(
+                f"the status branch has no actual.json yet: {proc.stderr.decode(errors='replace').strip()}"
+            )
+        sys.stdout.write(proc.stdout.decode(errors="replace"))
         return 0
     docs = store.documents(head)
     if args.target:

@@ -115,6 +115,9 @@ _KEY_BODY_LINE = re.compile(r"[ \t]*[A-Za-z0-9+/=]{16,}[ \t]*\r?")
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # where every sequence starts
+# A lone surrogate (a name that is not UTF-8, decoded with surrogateescape) cannot be encoded into
+# the UTF-8 of a document, README, commit message or page: it is shown as its escape instead.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def strip_controls(text: str) -> str:
@@ -265,10 +268,13 @@ class Redactor:
 
     def _redact(self, text: str) -> str:
         # Fast path: a printable text has no control character; most others only newlines and tabs.
-        if not text.isprintable() and _CONTROL.search(text) is not None:
-            if self._literal is not None:  # a secret right after an escape's start is hidden whole
-                text = self._literal.sub(MASK, text)
-            text = strip_controls(text)
+        if not text.isprintable():
+            if _CONTROL.search(text) is not None:
+                if self._literal is not None:  # a secret right after an escape's start is hidden whole
+                    text = self._literal.sub(MASK, text)
+                text = strip_controls(text)
+            if _SURROGATE.search(text) is not None:
+                text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
         text = _hide_key_blocks(text)  # key blocks first: hidden whole, not cut up
         lowered = text.lower()
         for markers, regex in self._passes:

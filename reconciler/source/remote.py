@@ -11,6 +11,7 @@ the tracking value (``--force-with-lease``)."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from dataclasses import dataclass
 
@@ -18,6 +19,8 @@ from reconciler import git
 from reconciler.errors import GitError, SourceUnavailable
 from reconciler.redact import redact, redact_url
 from reconciler.source.git import GitRepo
+
+log = logging.getLogger(__name__)
 
 
 def is_local(repo: str) -> bool:
@@ -73,7 +76,9 @@ class RepoSource:
         )
         local: dict[str, str] = {}
         remote: dict[str, str] = {}
-        for line in listing.decode(errors="replace").splitlines():
+        # Ref names hold no newline but may hold any byte that is not UTF-8: surrogateescape
+        # round-trips them, so two names never collapse into one and each is written back as is.
+        for line in listing.decode("utf-8", "surrogateescape").splitlines():
             sha, _, ref = line.partition(" ")
             if ref.startswith("refs/heads/"):
                 local[ref] = sha
@@ -85,8 +90,19 @@ class RepoSource:
         if not self.repo_has(notes) and self.repo_has(tracking_ref(notes)):
             # A fresh mirror starts from the published notes (each note is verified when read).
             commands.append(f"create {notes} {tracking_ref(notes)}\n")
-        if commands:
-            git.run(self.repo.path, "update-ref", "--stdin", input="".join(commands).encode())
+        if not commands:
+            return
+        try:
+            git.run(self.repo.path, "update-ref", "--stdin", input="".join(commands).encode("utf-8", "surrogateescape"))
+        except GitError:
+            # One transaction for all branches: a ref that cannot be stored here (a name that
+            # clashes with another as file and folder) must not keep every other branch back.
+            for command in sorted(commands, key=lambda c: not c.startswith("delete")):  # `a` goes before `a/b` comes
+                done = git.probe(
+                    self.repo.path, "update-ref", "--stdin", input=command.encode("utf-8", "surrogateescape")
+                )
+                if done.returncode != 0:
+                    log.warning("mirroring %r failed: %s", command.strip(), done.stderr.decode(errors="replace")[:200])
 
     def repo_has(self, ref: str) -> bool:
         return git.rev(self.repo.path, ref) is not None

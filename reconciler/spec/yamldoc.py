@@ -16,6 +16,7 @@ exhaust the C stack), the file is parsed again by the pure-Python strict parser,
 from __future__ import annotations
 
 import math
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,9 @@ C_MAX_INDICATORS = 2000
 JsonPath = tuple[str | int, ...]
 
 _STR = "tag:yaml.org,2002:str"
+# A lone surrogate (`"\udcff"` in a double-quoted scalar): PyYAML builds it, libyaml refuses it, and
+# no UTF-8 file, git message or page can carry it. Refused at its line, like any invalid text.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _MERGE = "tag:yaml.org,2002:merge"
 _PLAIN_TAGS: dict[type[Node], str] = {SequenceNode: "tag:yaml.org,2002:seq", MappingNode: "tag:yaml.org,2002:map"}
 # The scalar constructors safe_load uses, called directly (construct_object's bookkeeping is
@@ -276,6 +280,14 @@ class _Walk:
         tag = node.tag
         if tag == _STR:
             value: str = node.value
+            if _SURROGATE.search(value) is not None:
+                raise YamlError(
+                    Issue(
+                        self.doc.path,
+                        node.start_mark.line + 1,
+                        "invalid YAML: a \\u escape of a surrogate (U+D800 to U+DFFF) is not a character",
+                    )
+                )
             return sys.intern(value) if len(value) <= SHARE_MAX_CHARS else value
         constructor = _SCALARS.get(tag)
         try:

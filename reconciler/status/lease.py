@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -107,7 +108,7 @@ class Lease:
             data = json.loads(message)
         except ValueError:
             data = None
-        if not isinstance(data, dict):
+        if not isinstance(data, dict) or not _well_formed(data):
             data = {"holder": "unreadable lease", "expires": 0}
         if self.key is not None and not lease_verifies(self.key, data):
             report = f"lease {sha[:12]} (holder {str(data.get('holder'))[:80]!r}) was not written by argus: ignored"
@@ -137,6 +138,20 @@ class Lease:
         git.probe(self._repo, "update-ref", LEASE_REF, new)
         git.probe(self._repo, "update-ref", tracking_ref(LEASE_REF), new)
         return True
+
+
+def _well_formed(data: dict[str, object]) -> bool:
+    """Whether a lease's fields are what argus writes: a holder that is text (no lone surrogate
+    from a ``\\udcff`` escape) and an expiry that is a finite number (a 400-digit integer does
+    not fit a float). Anything else, pushed by someone, is read as an expired, unreadable lease."""
+    holder, expires = data.get("holder"), data.get("expires")
+    if not isinstance(holder, str) or isinstance(expires, bool) or not isinstance(expires, (int, float)):
+        return False
+    try:
+        holder.encode()
+        return math.isfinite(float(expires))
+    except (UnicodeEncodeError, OverflowError):
+        return False
 
 
 def _expires(data: dict[str, object]) -> float:

@@ -249,7 +249,7 @@ class StatusStore:
             if not meta.startswith(b":") or len(parts) < 5:
                 continue
             path = decode_path(raw_path)
-            if parts[4].startswith(b"D"):
+            if parts[4].startswith(b"D") or parts[1] == b"160000":  # a gitlink is no file (as in _advance)
                 deleted.append(path)
             else:
                 changed[path] = parts[3].decode()

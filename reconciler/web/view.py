@@ -35,7 +35,7 @@ def text(value: Any, default: str = "") -> str:
 def number(value: Any) -> float:
     try:
         return float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer of 400 digits
         return 0.0
 
 

@@ -25,10 +25,11 @@ from reconciler.plan.actual import ActualState
 from reconciler.plan.planner import plan
 from reconciler.source.directory import created_times, read_directory
 from reconciler.source.git import GitRepo
+from reconciler.source.remote import open_source
 from reconciler.spec.loader import NAME_RE, USER_RE, ParseCache, load, shown_path
 from reconciler.spec.types import ObjectKey
 from reconciler.spec.yamldoc import MAX_BYTES
-from tests.unit.gitrepo import GIT_ENV
+from tests.unit.gitrepo import GIT_ENV, WorkRepo
 
 ROOT = Path(__file__).resolve().parents[2]
 T1, T2 = 1767225600, 1767312000
@@ -327,3 +328,41 @@ def test_a_merge_adding_many_files_is_read(tmp_path: Path) -> None:
     assert len(created) == len(GOOD) + len(many)
     assert created["users/alice/models/chat.yaml"] == T1
     assert created[decoded(next(iter(many)))] == T2
+
+
+def test_branches_named_in_any_bytes_or_renamed_into_folders_never_hold_back_a_fetch(tmp_path: Path) -> None:
+    """Anyone who may push a branch can name it in bytes that are not UTF-8, or rename ``a`` to
+    ``a/b`` in one push. The daemon's mirror of the branches must still take every push to the
+    config branch: each name is kept exactly (two names never collapse into one), and a ref that
+    cannot be stored beside another is no reason to keep back the rest."""
+    bare = tmp_path / "config.git"
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(bare)], check=True)
+    work = WorkRepo(tmp_path / "work")
+    work.write("cluster.yaml", "kind: Cluster\n")
+    first = work.commit("first", 1767225600)
+    subprocess.run(["git", "-C", str(work.root), "push", "-q", str(bare), "HEAD:refs/heads/main"], check=True)
+    source = open_source(bare.as_uri(), str(tmp_path / "cache"))  # a URL: mirrored, as a remote is
+    assert not source.local
+    for name in (b"a", b"x\xff", b"x\xfe/b"):  # decoded with "replace", the last two would clash
+        subprocess.run(
+            [b"git", b"-C", os.fsencode(bare), b"update-ref", b"refs/heads/" + name, first.encode()], check=True
+        )
+    source.fetch()
+    mirror = source.repo.path
+
+    def refs() -> set[bytes]:
+        out = subprocess.run(
+            ["git", "-C", mirror, "for-each-ref", "--format=%(refname)", "refs/heads/"], capture_output=True, check=True
+        )
+        return set(out.stdout.split())
+
+    assert refs() >= {b"refs/heads/main", b"refs/heads/a", b"refs/heads/x\xff", b"refs/heads/x\xfe/b"}
+    subprocess.run(["git", "-C", str(bare), "update-ref", "-d", "refs/heads/a"], check=True)
+    subprocess.run(["git", "-C", str(bare), "update-ref", "refs/heads/a/b", first], check=True)  # a renamed to a/b
+    work.write("users/alice/models/chat.yaml", "kind: Model\nsource: Qwen/Qwen2.5-0.5B-Instruct\n")
+    second = work.commit("second", 1767312000)
+    subprocess.run(["git", "-C", str(work.root), "push", "-q", str(bare), "HEAD:refs/heads/main"], check=True)
+    source.fetch()
+    assert source.repo.resolve("refs/heads/main") == second
+    source.fetch()  # what one transaction could not store, the next fetch does
+    assert b"refs/heads/a/b" in refs() and b"refs/heads/a" not in refs()

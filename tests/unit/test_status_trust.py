@@ -232,8 +232,8 @@ def test_a_forged_note_is_replaced_and_notes_verify(tmp_path: Path) -> None:
     assert note_verifies(KEY, revision, git(bare, "notes", "--ref=argus", "show", revision))
 
 
-def _forge_lease(repo: Path, expires: float = 9e12) -> str:
-    message = json.dumps({"holder": "mallory", "expires": expires, "auth": "0" * 64})
+def _forge_lease(repo: Path, expires: object = 9e12, holder: str = "mallory") -> str:
+    message = json.dumps({"holder": holder, "expires": expires, "auth": "0" * 64})
     tree = git(repo, "hash-object", "-t", "tree", "-w", "/dev/null").strip()
     commit = git(repo, "commit-tree", tree, "-m", message).strip()
     return commit
@@ -264,3 +264,22 @@ def test_without_a_key_leases_behave_as_before(tmp_path: Path) -> None:
     git(origin, "update-ref", LEASE_REF, _forge_lease(origin))
     lease = Lease(open_source(str(origin), ""), "daemon-1", ttl=30)
     assert not lease.acquire() and lease.other == "mallory"
+
+
+@pytest.mark.parametrize("key", [KEY, None])
+@pytest.mark.parametrize(
+    "fields",
+    [{"holder": "\udcff"}, {"expires": 10**400}, {"expires": "soon"}, {"expires": True}, {"holder": ["x"]}],
+    ids=["surrogate-holder", "huge-expiry", "text-expiry", "bool-expiry", "list-holder"],
+)
+def test_a_malformed_lease_is_an_expired_one_and_never_stops_a_tick(
+    tmp_path: Path, key: bytes | None, fields: dict[str, object]
+) -> None:
+    """A pushed lease whose holder cannot be encoded or whose expiry is no finite number
+    (json.dumps writes the surrogate as an escape, the integer with 400 digits) would make every
+    lease check raise: it is read as an expired lease and taken over, with or without a key."""
+    origin = _bare(tmp_path)
+    git(origin, "update-ref", LEASE_REF, _forge_lease(origin, **fields))  # type: ignore[arg-type]
+    lease = Lease(open_source(str(origin), ""), "daemon-1", ttl=30, key=key)
+    assert lease.acquire()
+    assert lease.acquire()  # renewed: the daemon's own lease from now on

@@ -149,3 +149,27 @@ def test_a_stray_file_with_any_name_is_dropped_and_the_writer_goes_on(tmp_path: 
     files = {os.fsdecode(name) for name in listing.split(b"\0") if name}
     assert files == {k.path for k in last.statuses} | {"README.md", "revision.yaml", "actual.json"}
     assert _writer(bare, tmp_path / "fresh").write(last) is None
+
+
+def test_text_that_is_not_utf_8_is_written_escaped_not_refused(tmp_path: Path) -> None:
+    """A lone surrogate (a path that is not UTF-8, decoded with surrogateescape, named in an
+    error, a note, a source error or an object's reason) cannot be encoded into git's UTF-8: the
+    writer shows its escape instead of failing every status write."""
+    bare, _work, sha = _repo(tmp_path)
+    writer = _writer(bare, tmp_path / "cache")
+    odd = "users/bob/caf\udce9.yaml"
+    status = ObjectStatus(KEYS[0], "FAILED", "Synced", reason=f"{odd} is odd")
+    report = StatusReport(
+        sha,
+        {KEYS[0]: status},
+        {KEYS[0]},
+        set(),
+        Plan(),
+        [f"{odd}:0: unsigned"],
+        notes=[f"rejected {odd}"],
+        source_error=f"cannot read {odd}",
+    )
+    assert writer.write(report) is not None
+    readme = git(bare, "show", "argus/status:README.md")
+    assert "caf\\udce9.yaml" in readme and "\udce9" not in readme
+    assert "caf\\udce9.yaml is odd" in git(bare, "show", f"argus/status:{KEYS[0].path}")
