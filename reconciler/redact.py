@@ -268,13 +268,11 @@ class Redactor:
 
     def _redact(self, text: str) -> str:
         # Fast path: a printable text has no control character; most others only newlines and tabs.
-        if not text.isprintable():
-            if _CONTROL.search(text) is not None:
-                if self._literal is not None:  # a secret right after an escape's start is hidden whole
-                    text = self._literal.sub(MASK, text)
-                text = strip_controls(text)
-            if _SURROGATE.search(text) is not None:
-                text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+        printable = text.isprintable()
+        if not printable and _CONTROL.search(text) is not None:
+            if self._literal is not None:  # a secret right after an escape's start is hidden whole
+                text = self._literal.sub(MASK, text)
+            text = strip_controls(text)
         text = _hide_key_blocks(text)  # key blocks first: hidden whole, not cut up
         lowered = text.lower()
         for markers, regex in self._passes:
@@ -286,6 +284,9 @@ class Redactor:
                     break  # no string of this group occurs: the pass cannot match
             else:
                 text = regex.sub(_replace, text)
+        # Last: the escape ends in hex letters, which would hide a secret after it from the passes.
+        if not printable and _SURROGATE.search(text) is not None:
+            text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
         return text
 
 

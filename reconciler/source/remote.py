@@ -22,6 +22,8 @@ from reconciler.source.git import GitRepo
 
 log = logging.getLogger(__name__)
 
+MAX_SINGLE_REF_UPDATES = 32  # refs tried one by one after a failed transaction, per fetch
+
 
 def is_local(repo: str) -> bool:
     """True when ``repo`` is a path on this machine (``file://`` URLs count as remote)."""
@@ -69,7 +71,8 @@ class RepoSource:
         self._mirror_branches()
 
     def _mirror_branches(self) -> None:
-        """``refs/heads/*`` := the remote's branches, except the status branch (one git call)."""
+        """``refs/heads/*`` := the remote's branches, except the status branch (one git call when
+        the refs can be stored in one transaction, as almost always)."""
         own = f"refs/heads/{self.status_branch}"
         listing = git.run(
             self.repo.path, "for-each-ref", "--format=%(objectname) %(refname)", "refs/heads/", "refs/remotes/"
@@ -84,25 +87,39 @@ class RepoSource:
                 local[ref] = sha
             elif ref.startswith("refs/remotes/origin/") and ref != "refs/remotes/origin/HEAD":
                 remote["refs/heads/" + ref.removeprefix("refs/remotes/origin/")] = sha
-        commands = [f"update {ref} {sha}\n" for ref, sha in remote.items() if ref != own and local.get(ref) != sha]
-        commands += [f"delete {ref}\n" for ref in local if ref != own and ref not in remote]
+        # The status branch is argus's own: never mirrored over, and a branch named like a folder
+        # above or below it (``argus``, ``argus/status/x``) is left out, as it could not be stored.
+        mine = [r for r in remote if r == own or r.startswith(own + "/") or own.startswith(r + "/")]
+        for ref in mine:
+            del remote[ref]
+        deletes = [f"delete {ref}\n" for ref in local if ref != own and ref not in remote]
+        updates = [f"update {ref} {sha}\n" for ref, sha in remote.items() if local.get(ref) != sha]
         notes = "refs/notes/argus"
         if not self.repo_has(notes) and self.repo_has(tracking_ref(notes)):
             # A fresh mirror starts from the published notes (each note is verified when read).
-            commands.append(f"create {notes} {tracking_ref(notes)}\n")
-        if not commands:
+            updates.append(f"create {notes} {tracking_ref(notes)}\n")
+        if not deletes and not updates:
             return
-        try:
-            git.run(self.repo.path, "update-ref", "--stdin", input="".join(commands).encode("utf-8", "surrogateescape"))
-        except GitError:
-            # One transaction for all branches: a ref that cannot be stored here (a name that
-            # clashes with another as file and folder) must not keep every other branch back.
-            for command in sorted(commands, key=lambda c: not c.startswith("delete")):  # `a` goes before `a/b` comes
-                done = git.probe(
-                    self.repo.path, "update-ref", "--stdin", input=command.encode("utf-8", "surrogateescape")
-                )
-                if done.returncode != 0:
-                    log.warning("mirroring %r failed: %s", command.strip(), done.stderr.decode(errors="replace")[:200])
+        if self._update_refs(deletes + updates):
+            return
+        # One transaction for all refs failed: a branch renamed from `a` to `a/b` cannot be
+        # created before `a` is deleted. Deletes first, then the rest; what still fails is tried
+        # alone (a bounded number per fetch) and logged, and holds back no other branch.
+        failed = [group for group in (deletes, updates) if group and not self._update_refs(group)]
+        singles = [command for group in failed for command in group]
+        for command in singles[:MAX_SINGLE_REF_UPDATES]:
+            self._update_refs([command], report=True)
+        if len(singles) > MAX_SINGLE_REF_UPDATES:
+            log.error("mirroring branches: %d ref updates not tried this fetch", len(singles) - MAX_SINGLE_REF_UPDATES)
+
+    def _update_refs(self, commands: list[str], report: bool = False) -> bool:
+        """One ``update-ref --stdin`` transaction; False when git refused it (logged if ``report``)."""
+        done = git.probe(
+            self.repo.path, "update-ref", "--stdin", input="".join(commands).encode("utf-8", "surrogateescape")
+        )
+        if done.returncode != 0 and report:
+            log.error("mirroring %r failed: %s", commands[0].strip(), done.stderr.decode(errors="replace")[-300:])
+        return done.returncode == 0
 
     def repo_has(self, ref: str) -> bool:
         return git.rev(self.repo.path, ref) is not None

@@ -280,7 +280,7 @@ class _Walk:
         tag = node.tag
         if tag == _STR:
             value: str = node.value
-            if _SURROGATE.search(value) is not None:
+            if self.seen is None and _SURROGATE.search(value) is not None:  # libyaml never builds one
                 raise YamlError(
                     Issue(
                         self.doc.path,

@@ -206,7 +206,7 @@ LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 def dump(doc: Mapping[str, Any]) -> bytes:
     """One status document as YAML (keys in document order, unicode kept, no line folding)."""
     text: str = yaml.dump(dict(doc), Dumper=_DUMPER, sort_keys=False, allow_unicode=True, width=1000)
-    return text.encode()
+    return text.encode("utf-8", "backslashreplace")  # a lone surrogate the redaction missed: escaped, not raised
 
 
 def dump_json(data: Any) -> bytes:
@@ -336,4 +336,6 @@ def readme(
         if len(errors) > README_MESSAGES:
             more = len(errors) - README_MESSAGES
             lines += [f"- … and {more:,} more (the revision's git note lists every validation error)"]
-    return ("\n".join(lines) + "\n").encode()
+    # Rows come from the branch's documents as read (a forged one, read by PyYAML without libyaml,
+    # may hold a lone surrogate): escaped, never a write that fails for every object.
+    return ("\n".join(lines) + "\n").encode("utf-8", "backslashreplace")

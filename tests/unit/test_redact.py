@@ -355,3 +355,21 @@ def test_a_known_secret_right_after_an_escapes_start_leaves_no_visible_part(befo
     # (What follows an unterminated escape is removed as a terminal would swallow it.)
     out = Redactor([secret])(f"x {before}{secret} y")
     assert secret[2:] not in out and out.startswith("x ")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\udcffhf_" + "A" * 24,
+        "p/\udcffpassword: hunter22",
+        "\udcff--api-key sk-" + "b" * 30,
+        "ghp_" + "a" * 36 + "\udcff",
+    ],
+)
+def test_a_lone_surrogate_is_shown_escaped_and_hides_no_secret(text: str) -> None:
+    """A lone surrogate (a name that is not UTF-8) cannot be encoded into git's UTF-8: it is shown
+    as its escape, after the secrets are masked (the escape's hex letters would shield one)."""
+    out = redact(text)
+    assert MASK in out and "\\udcff" in out
+    out.encode()  # strict: no lone surrogate is left
+    assert not any(s in out for s in ("A" * 24, "hunter22", "b" * 30, "a" * 36))
