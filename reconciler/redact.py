@@ -214,7 +214,7 @@ def _percent_encoded(value: str) -> str:
         if ch.isascii() and (ch.isalnum() or ch in "-._~"):
             out.append(ch)
         else:
-            out.extend(f"%{b:02X}" for b in ch.encode())
+            out.extend(f"%{b:02X}" for b in ch.encode("utf-8", "surrogateescape"))  # os.environ decodes so
     return "".join(out)
 
 
