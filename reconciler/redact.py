@@ -117,7 +117,7 @@ _KEY_BODY_LINE = re.compile(r"[ \t]*[A-Za-z0-9+/=]{16,}[ \t]*\r?")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # where every sequence starts
 # A lone surrogate (a name that is not UTF-8, decoded with surrogateescape) cannot be encoded into
 # the UTF-8 of a document, README, commit message or page: it is shown as its escape instead.
-_SURROGATE = re.compile("[\ud800-\udfff]")
+SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def strip_controls(text: str) -> str:
@@ -285,8 +285,8 @@ class Redactor:
             else:
                 text = regex.sub(_replace, text)
         # Last: the escape ends in hex letters, which would hide a secret after it from the passes.
-        if not printable and _SURROGATE.search(text) is not None:
-            text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+        if not printable and SURROGATE.search(text) is not None:
+            text = SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
         return text
 
 

@@ -16,7 +16,6 @@ exhaust the C stack), the file is parsed again by the pure-Python strict parser,
 from __future__ import annotations
 
 import math
-import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from yaml.reader import Reader
 
 from reconciler.errors import Issue
 from reconciler.errors import YamlError as YamlError  # raised here; callers catch it from here
+from reconciler.redact import SURROGATE
 
 # None when PyYAML was built without libyaml.
 _CSafeLoader: type[Any] | None = getattr(yaml, "CSafeLoader", None)
@@ -43,9 +43,6 @@ C_MAX_INDICATORS = 2000
 JsonPath = tuple[str | int, ...]
 
 _STR = "tag:yaml.org,2002:str"
-# A lone surrogate (`"\udcff"` in a double-quoted scalar): PyYAML builds it, libyaml refuses it, and
-# no UTF-8 file, git message or page can carry it. Refused at its line, like any invalid text.
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _MERGE = "tag:yaml.org,2002:merge"
 _PLAIN_TAGS: dict[type[Node], str] = {SequenceNode: "tag:yaml.org,2002:seq", MappingNode: "tag:yaml.org,2002:map"}
 # The scalar constructors safe_load uses, called directly (construct_object's bookkeeping is
@@ -280,7 +277,9 @@ class _Walk:
         tag = node.tag
         if tag == _STR:
             value: str = node.value
-            if self.seen is None and _SURROGATE.search(value) is not None:  # libyaml never builds one
+            # A lone surrogate (a `"\udcff"` escape): PyYAML builds it, libyaml never does, and no UTF-8
+            # file, git message or page can carry it. Refused at its line, like any invalid text.
+            if self.seen is None and SURROGATE.search(value) is not None:
                 raise YamlError(
                     Issue(
                         self.doc.path,
