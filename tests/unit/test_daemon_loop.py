@@ -216,9 +216,13 @@ def test_ticks_freeze_what_the_daemon_keeps_and_collect_everything_now_and_then(
     daemon._full_gc_at = 0.0  # FULL_GC_S later
     assert daemon.run_once() == 0.0
     assert old() is None
+    counted = daemon._frozen
+    kept = [[] for _ in range(1000)]  # what a tick keeps is counted, without walking the frozen heap
+    assert daemon.run_once() == 0.0
+    assert daemon._frozen >= counted + len(kept)
     grown = cycle()
     gc.freeze()
-    daemon._frozen_after_full = gc.get_freeze_count() // 2  # the frozen heap doubled since
+    daemon._frozen = 2 * daemon._frozen_after_full  # the ticks froze as much again since
     assert daemon.run_once() == 0.0
     assert grown() is None
     before = gc.get_threshold()
