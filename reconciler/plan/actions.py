@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from reconciler.spec.types import ObjectKey
 
@@ -110,7 +111,7 @@ class Plan:
     @property
     def has_changes(self) -> bool:
         """True when anything is to be applied or is waiting (terraform's exit code 2)."""
-        return any(a.type is not ActionType.KEEP for a in self.actions)
+        return bool(self._changing())
 
     @property
     def held(self) -> list[Action]:
@@ -118,10 +119,42 @@ class Plan:
         return [a for a in self.actions if a.type is ActionType.KEEP and a.held]
 
     def of(self, *types: ActionType) -> list[Action]:
-        return [a for a in self.actions if a.type in types]
+        """The actions of ``types``, in the plan's order."""
+        if ActionType.KEEP in types:
+            return [a for a in self.actions if a.type in types]
+        actions = self.actions
+        return [actions[i] for i in self._changing() if actions[i].type in types]
 
     def for_key(self, key: ObjectKey) -> list[Action]:
-        return [a for a in self.actions if a.key == key]
+        """The actions of object ``key``, in the plan's order."""
+        by_key: dict[ObjectKey, list[int]] | None = self._memo("_by_key_at")
+        if by_key is None:
+            by_key = {}
+            for i, action in enumerate(self.actions):
+                by_key.setdefault(action.key, []).append(i)
+            self._remember("_by_key_at", by_key)
+        return [self.actions[i] for i in by_key.get(key, ())]
+
+    # Most of a plan at scale is KEEP (one per object in sync): the other actions' places and the
+    # actions by object are found once per list of actions, not on every lookup (at 100,000
+    # objects a scan per lookup cost 40 ms, and a scan per running model was quadratic).
+    def _changing(self) -> list[int]:
+        """Where the actions other than KEEP are, in order."""
+        at: list[int] | None = self._memo("_changing_at")
+        if at is None:
+            keep = ActionType.KEEP
+            at = [i for i, a in enumerate(self.actions) if a.type is not keep]
+            self._remember("_changing_at", at)
+        return at
+
+    def _memo(self, name: str) -> Any:
+        """What :meth:`_remember` kept under ``name`` for the list of actions the plan holds now."""
+        kept = self.__dict__.get(name)
+        actions = self.actions
+        return kept[2] if kept is not None and kept[0] is actions and kept[1] == len(actions) else None
+
+    def _remember(self, name: str, value: Any) -> None:
+        self.__dict__[name] = (self.actions, len(self.actions), value)
 
     def to_json(self) -> dict[str, object]:
         return {
