@@ -39,6 +39,11 @@ class Snapshot:
     commit_time: int
     approve_prune: bool
     subject: str = ""
+    # Where ``files`` and ``created`` can differ from the snapshot of commit ``since`` that this
+    # repository read last: None when unknown (a first or a full read, a rewritten history, a
+    # tree of the signature verifier's), then every path may have changed.
+    since: str | None = None
+    changed: frozenset[str] | None = None
 
 
 @dataclass
@@ -52,6 +57,8 @@ class GitRepo:
     _sizes: dict[str, int] = field(default_factory=dict)  # blob -> bytes, from `cat-file --batch-check`
     _created: dict[str, int] = field(default_factory=dict)
     _created_at: str | None = None  # commit the _created map is valid for
+    # The last move of _created: (the commit it moved from, or None when it was read anew; the paths added).
+    _created_moved: tuple[str | None, set[str]] = (None, set())
     _listed: dict[str, tuple[str, str]] = field(default_factory=dict)
     _listed_at: str | None = None  # commit the _listed map is valid for
     _files: dict[tuple[str, str, str], SourceFile] = field(default_factory=dict)  # (path, mode, blob) of the last read
@@ -104,7 +111,11 @@ class GitRepo:
         )
         ctime, trailer, subject = meta.decode(errors="replace").split("\0", 2)
         approve = trailer.strip().lower() in {"yes", "true", "1"}
-        return Snapshot(commit, files, self.created_times(commit), int(ctime), approve, subject.strip())
+        created = self.created_times(commit)
+        delta: frozenset[str] | None = None
+        if fast and since is not None and self._created_at == commit and self._created_moved[0] == since:
+            delta = frozenset(changed | self._created_moved[1])
+        return Snapshot(commit, files, created, int(ctime), approve, subject.strip(), since, delta)
 
     def _read_all(self, tree: Mapping[str, tuple[str, str]], cache: ParseCache | None) -> list[SourceFile]:
         """Every relevant file of ``tree``, in path order (and the state :meth:`_patch` starts from)."""
@@ -180,12 +191,14 @@ class GitRepo:
             and b not in self.blobs
             and (p == "cluster.yaml" or classify(p)[0] is not None)
         ]
+        # Taken before the read: reading the wanted blobs may clear the bounded cache.
+        cached = {b: self.blobs[b] for _p, b in regular if b in self.blobs}
         fresh = self._read_blobs(wanted)
         out = {}
         for p, m, b in entries:
             file = self._files.get((p, m, b))
             special = m == "120000" or m.startswith("160")
-            content = None if special else fresh.get(b, self.blobs.get(b))
+            content = None if special else fresh.get(b, cached.get(b))
             if file is None or (file.content is None and content is not None):
                 file = SourceFile(p, content, b, symlink=m == "120000", size=None if special else sizes[b])
             out[p] = file
@@ -327,6 +340,7 @@ class GitRepo:
         if self._listed_at == commit and len(base) > len(self._listed) + 1024:
             # Paths deleted since are never asked for again (a re-added file is a new add).
             base = {p: t for p, t in base.items() if p in self._listed}
+        self._created_moved = (self._created_at if rev_range != commit else None, set(added))
         self._created, self._created_at = base, commit
         return base
 
