@@ -96,8 +96,9 @@ class RevisionReader:
             revision=commit,
             approve_prune=trusted.approve_prune if signed else snap.approve_prune,
         )
+        changed = (snap.since, snap.changed) if snap.since is not None and snap.changed is not None else None
         try:
-            desired = self._loader.load(snap.files, **inputs)
+            desired = self._loader.load(snap.files, changed=changed, **inputs)
         except Exception:  # the loader's bug: contain it per file (the loader keeps nothing then)
             desired = load_contained(snap.files, partial(load, cache=self._cache, **inputs))
         notes = list(trusted.notes)

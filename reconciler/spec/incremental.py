@@ -7,13 +7,16 @@ exception: served-name clashes, which are resolved over all models at once. So t
 loaded per user folder; a later load re-loads only the folders whose files (path, blob, kind,
 size, creation time) changed, and resolves clashes again among the models that share a name.
 Any change to cluster.yaml, the file system's generation, the checks or the cache starts over.
-The result equals a full :func:`load` of the same files (``tests/unit/test_incremental_load.py``).
+Told which paths changed since the revision it loaded last (``changed``, from git's
+``diff-tree``), it looks only at those paths' folders: a push costs what it changed, not a pass
+over every file of the tree. The result equals a full :func:`load` of the same files
+(``tests/unit/test_incremental_load.py``).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +62,10 @@ class IncrementalLoader:
     # sets took ~20 MB.
     _names: dict[str, ObjectKey] = field(default_factory=dict)
     _shared: dict[str, set[ObjectKey]] = field(default_factory=dict)
+    _revision: str | None = None  # what the last load was of (``changed`` is relative to it)
+    # Folders with a file that has no creation time: its time is the commit's, which every
+    # commit moves, so they are looked at on every load.
+    _defaulted: set[str] = field(default_factory=set)
 
     def load(
         self,
@@ -71,9 +78,14 @@ class IncrementalLoader:
         model_check: ModelCheck | None = None,
         revision: str | None = None,
         approve_prune: bool = False,
+        changed: tuple[str, Collection[str]] | None = None,
     ) -> DesiredState:
         """Return what ``load(files, ...)`` returns (with this loader's cache). A new object each
-        time: the caller may change it. Raises what :func:`load` raises (then nothing is kept)."""
+        time: the caller may change it. Raises what :func:`load` raises (then nothing is kept).
+
+        ``changed``: (a revision, the paths whose file or creation time differs between it and
+        this one); when the revision is the one this loader loaded last, ``files`` must be in
+        path order, and only the folders of those paths are looked at."""
         created = created or {}
         cluster_file = next((f for f in files if f.path == CLUSTER), None)
         generation = getattr(fs, "generation", None)
@@ -92,18 +104,31 @@ class IncrementalLoader:
             if self._cluster is None:
                 base = [cluster_file] if cluster_file is not None else []
                 self._cluster = load(base, default_time=default_time, prune=False, **kw)
-            grouped: dict[str, dict[str, _Signature]] = {}
-            for file in files:
-                path = file.path
-                if path.startswith("users/"):
-                    name = path.split("/", 2)[1]
-                    group = grouped.get(name)
-                    if group is None:
-                        group = grouped[name] = {}
-                    group[path] = (file, created.get(path, default_time))
-            for name in [n for n in self._folders if n not in grouped]:
+            if not rebased and changed is not None and changed[0] == self._revision and self._revision is not None:
+                looked = {p.split("/", 2)[1] for p in changed[1] if p.startswith("users/")} | self._defaulted
+                grouped = {name: _folder_files(files, name, created, default_time) for name in looked}
+                gone = [n for n, sigs in grouped.items() if not sigs and n in self._folders]
+                grouped = {n: sigs for n, sigs in grouped.items() if sigs}
+            else:
+                grouped = {}
+                for file in files:
+                    path = file.path
+                    if path.startswith("users/"):
+                        name = path.split("/", 2)[1]
+                        group = grouped.get(name)
+                        if group is None:
+                            group = grouped[name] = {}
+                        group[path] = (file, created.get(path, default_time))
+                gone = [n for n in self._folders if n not in grouped]
+                self._defaulted = set()
+            for name in gone:
                 self._drop(name)
+                self._defaulted.discard(name)
             for name, sigs in grouped.items():
+                if any(path not in created for path in sigs):
+                    self._defaulted.add(name)
+                else:
+                    self._defaulted.discard(name)
                 old = self._folders.get(name)
                 if old is not None and old.files == sigs:
                     continue
@@ -114,7 +139,7 @@ class IncrementalLoader:
         except Exception:
             self._reset()
             raise
-        self._basis = basis
+        self._basis, self._revision = basis, revision
         if rebased:  # every folder was built again: what was built on the old basis is dead
             self.cache.keep_basis(cluster_file.blob if cluster_file else None, basis[3], generation)
         if len(self.cache.entries) > 2 * len(files) + 1024 or len(self.cache.built) > 2 * len(files) + 1024:
@@ -122,7 +147,7 @@ class IncrementalLoader:
         return result
 
     def _reset(self) -> None:
-        self._basis, self._cluster = None, None
+        self._basis, self._cluster, self._revision, self._defaulted = None, None, None, set()
         self._folders, self._order, self._names, self._shared = {}, [], {}, {}
 
     def _add(self, name: str, sigs: dict[str, _Signature], default_time: int, kw: dict[str, Any]) -> None:
@@ -194,3 +219,25 @@ class IncrementalLoader:
         self.cache.keep_only(live, {k for k in self.cache.built if (k[0], k[1]) in live})
         paths = {f.path for f in files}
         self.cache.keys = {p: k for p, k in self.cache.keys.items() if p in paths}
+
+
+def _folder_files(
+    files: Sequence[SourceFile], name: str, created: Mapping[str, int], default_time: int
+) -> dict[str, _Signature]:
+    """The files of user folder ``name`` (``users/<name>`` itself and everything under it) among
+    ``files``, which are in path order: found by bisection, O(log n + the folder's files)."""
+    out: dict[str, _Signature] = {}
+    exact = f"users/{name}"
+    at = bisect.bisect_left(files, exact, key=_path)
+    if at < len(files) and files[at].path == exact:
+        out[exact] = (files[at], created.get(exact, default_time))
+    # "/" sorts right before "0": the folder's paths are the ones in [users/<name>/, users/<name>0).
+    low = bisect.bisect_left(files, exact + "/", key=_path)
+    high = bisect.bisect_left(files, exact + "0", lo=low, key=_path)
+    for file in files[low:high]:
+        out[file.path] = (file, created.get(file.path, default_time))
+    return out
+
+
+def _path(file: SourceFile) -> str:
+    return file.path

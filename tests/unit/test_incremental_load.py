@@ -109,19 +109,39 @@ def _files(spec: dict[str, object]) -> tuple[list[SourceFile], dict[str, int]]:
 def test_incremental_load_equals_a_full_load_after_any_sequence_of_trees(
     trees: list[dict[str, object]], online: bool
 ) -> None:
-    inc = IncrementalLoader()
+    inc, fed = IncrementalLoader(), IncrementalLoader()  # fed: told which paths changed, as the reader tells it
     fs = Generations()
-    for spec in trees:
+    last: dict[str, tuple[SourceFile, int | None]] = {}
+    for n, spec in enumerate(trees):
         files, created = _files(spec)
+        if n:  # some files without a creation time: the commit's time, which moves
+            created = {p: t for p, t in created.items() if not p.endswith("2.yaml")}
         fs.generation = int(spec["generation"])  # type: ignore[call-overload]
-        kw = dict(created=created, default_time=1767225000, fs=fs if online else None, revision="r1")
+        kw = dict(created=created, default_time=1767225000 + n, fs=fs if online else None, revision=f"r{n}")
         got = inc.load(files, **kw)  # type: ignore[arg-type]
+        now = {f.path: (f, created.get(f.path)) for f in files}
+        paths = {p for p in now.keys() | last.keys() if now.get(p) != last.get(p)}
+        fed_got = fed.load(files, changed=(f"r{n - 1}", paths), **kw)  # type: ignore[arg-type]
+        last = now
         want = load(files, cache=ParseCache(), **kw)  # type: ignore[arg-type]
         assert got == want
+        assert fed_got == want
         event(f"models {min(len(want.models), 3)}, tasks {min(len(want.tasks), 3)}")
         event(f"clash: {any('already used' in i.message for i in want.issues)}")
         event(f"task source: {any(m.source.startswith('task:') for m in want.models.values())}")
         assert plan(got, ActualState(), now=0) == plan(want, ActualState(), now=0)
+
+
+class _Untouchable(SourceFile):
+    """A file of a folder the push did not change: only its path may be read (to find folders)."""
+
+    def __init__(self, file: SourceFile) -> None:
+        object.__setattr__(self, "_file", file)
+
+    def __getattribute__(self, name: str) -> object:
+        if name in ("path", "__class__"):
+            return object.__getattribute__(self, "_file").path if name == "path" else _Untouchable
+        raise AssertionError(f"the loader read .{name} of a file whose folder did not change")
 
 
 def test_a_push_reloads_only_the_folder_it_changed() -> None:
@@ -146,6 +166,15 @@ def test_a_push_reloads_only_the_folder_it_changed() -> None:
     got = inc.load(changed, created=created)
     assert inc.folders_loaded == len(USERS) + 1
     assert got == load(changed, created=created)
+    # Told what changed, the loader looks only at those folders' files (not at the others at all).
+    fed = IncrementalLoader()
+    fed.load(files, created=created, revision="r1")
+    untouchable = [
+        f if not f.path.startswith("users/") or f.path.startswith("users/bob/") else _Untouchable(f) for f in changed
+    ]
+    got = fed.load(untouchable, created=created, revision="r2", changed=("r1", ["users/bob/models/m1.yaml"]))
+    assert fed.folders_loaded == len(USERS) + 1
+    assert got == load(changed, created=created, revision="r2")
     # cluster.yaml changes every object's validation: everything is loaded again.
     recluster = [
         f if f.path != "cluster.yaml" else SourceFile("cluster.yaml", b"kind: Cluster\n", "c2") for f in changed
