@@ -100,6 +100,13 @@ class _Seen:
     preempted: dict[ObjectKey, ObjectKey]
 
 
+def _mark(marks: set[ObjectKey], key: ObjectKey, on: bool) -> None:
+    if on:
+        marks.add(key)
+    else:
+        marks.discard(key)
+
+
 def _moved(new: Mapping[ObjectKey, Any], old: Mapping[ObjectKey, Any], *, same_object: bool = False) -> set[ObjectKey]:
     """Keys whose value differs between ``new`` and ``old`` (present in one only included).
     ``same_object``: only the very object counts as unchanged (specs: ``==`` takes 1 for true)."""
@@ -169,6 +176,13 @@ class IncrementalPlanner:
         self._busy: tuple[set[ObjectKey], set[ObjectKey]] = (set(), set())
         self._statuses: dict[ObjectKey, ObjectStatus] = {}
         self._seen: _Seen | None = None
+        # The change feed (DesiredState.serial/changed): the serial of the state the memo was
+        # planned from (0: none), and the objects whose memo entry depends on more than their own
+        # file: models Ray runs or that deploy a task's output, tasks with runs.
+        self._serial = 0
+        self._live: set[ObjectKey] = set()
+        self._sourced: set[ObjectKey] = set()
+        self._ran: set[ObjectKey] = set()
         self._status_order: list[ObjectKey] = []
         self._status_keys: set[ObjectKey] = set()
 
@@ -201,6 +215,7 @@ class IncrementalPlanner:
     ) -> Plan:
         if not desired.cluster_valid:  # nothing is planned per object: the full planner's few lines
             self.recomputed = 0
+            self._serial = 0
             return full_plan(desired, actual, capacity, first_seen=first_seen, now=now)
         capacity = capacity if capacity is not None else actual.capacity
         seen = first_seen if first_seen is not None else actual.first_seen
@@ -213,8 +228,13 @@ class IncrementalPlanner:
         removed: list[SortKey] = []
         added: list[tuple[SortKey, Action]] = []
         runs = runs_by_key(actual)
-        self._plan_models(desired, actual, runs, removed, added)
-        self._plan_tasks(desired, actual, runs, removed, added)
+        # Told which objects' files changed since the state the memo holds, only they and the
+        # objects whose entries depend on Ray are looked at (else every object).
+        follows = desired.changed is not None and self._serial != 0 and desired.changed[0] == self._serial
+        moved = desired.changed[1] if follows and desired.changed is not None else None
+        self._serial = 0  # until this plan is made whole
+        self._plan_models(desired, actual, runs, removed, added, moved)
+        self._plan_tasks(desired, actual, runs, removed, added, moved)
         self._resort(removed, added)
 
         order = Order(seen, now)
@@ -234,6 +254,7 @@ class IncrementalPlanner:
         ]
         extra.extend((_sort_key(a, _GUARDED, i), a) for i, a in enumerate(guard(desired, actual, deletions, result)))
         result.actions = self._merged(extra)
+        self._serial = desired.serial
         return result
 
     def _plan_models(
@@ -243,12 +264,22 @@ class IncrementalPlanner:
         runs: Mapping[ObjectKey, list[ActualJob]],
         removed: list[SortKey],
         added: list[tuple[SortKey, Action]],
+        moved: frozenset[ObjectKey] | None,
     ) -> None:
         cluster, memo = desired.cluster, self._models
         invalid = {k for k in desired.invalid if k.kind == "model"}
-        keys = set(desired.models) | set(actual.models) | invalid
-        for key in memo.keys() - keys:
+        if moved is None:
+            keys = set(desired.models) | set(actual.models) | invalid
+            gone = memo.keys() - keys
+        else:
+            keys = {k for k in moved if k.kind == "model"} | actual.models.keys() | self._live | self._sourced | invalid
+            gone = {k for k in keys if k not in desired.models and k not in actual.models and k not in invalid}
+            keys -= gone
+            gone &= memo.keys()
+        for key in gone:
             self._drop(_MODELS, key, memo.pop(key).step, removed)
+            self._live.discard(key)
+            self._sourced.discard(key)
         for key in keys:
             spec, live = desired.models.get(key), actual.models.get(key)
             issue = first_issue(desired, key) if key in invalid else None
@@ -265,6 +296,8 @@ class IncrementalPlanner:
             step = model_step(key, spec, live, issue, cluster, checkpoint)
             self._swap(_MODELS, key, entry.step if entry is not None else None, step, removed, added)
             memo[key] = _ModelEntry(spec, live, issue, checkpoint, step)
+            _mark(self._live, key, live is not None)
+            _mark(self._sourced, key, spec is not None and bool(spec.source_task))
 
     def _plan_tasks(
         self,
@@ -273,19 +306,29 @@ class IncrementalPlanner:
         runs: Mapping[ObjectKey, list[ActualJob]],
         removed: list[SortKey],
         added: list[tuple[SortKey, Action]],
+        moved: frozenset[ObjectKey] | None,
     ) -> None:
         cluster, memo = desired.cluster, self._tasks
         invalid = {k for k in desired.invalid if k.kind == "task"}
-        keys = set(desired.tasks) | invalid | {j.key for j in actual.jobs}
-        for key in memo.keys() - keys:
-            gone = memo.pop(key)
-            self._unask(key, gone.asked)
-            self._drop(_TASKS, key, gone.step, removed)
+        jobs_of = {j.key for j in actual.jobs}
         foreign = actual.foreign_ids
         stale: set[ObjectKey] = set()
         if foreign is not self._foreign and foreign != self._foreign:
             for sid in foreign ^ self._foreign:
                 stale |= self._askers.get(sid, set())
+        if moved is None:
+            keys = set(desired.tasks) | invalid | jobs_of
+            leaving = memo.keys() - keys
+        else:
+            keys = {k for k in moved if k.kind == "task"} | invalid | jobs_of | runs.keys() | self._ran | stale
+            leaving = {k for k in keys if k not in desired.tasks and k not in invalid and k not in jobs_of}
+            keys -= leaving
+            leaving &= memo.keys()
+        for key in leaving:
+            gone = memo.pop(key)
+            self._unask(key, gone.asked)
+            self._drop(_TASKS, key, gone.step, removed)
+            self._ran.discard(key)
         self._foreign = foreign
         for key in keys:
             spec, jobs = desired.tasks.get(key), runs.get(key, [])
@@ -307,6 +350,7 @@ class IncrementalPlanner:
                 self._askers.setdefault(sid, set()).add(key)
             self._swap(_TASKS, key, entry.step if entry is not None else None, step, removed, added)
             memo[key] = _TaskEntry(spec, jobs, issue, tuple(asking.asked), step)
+            _mark(self._ran, key, bool(jobs))
 
     def _unask(self, key: ObjectKey, asked: tuple[str, ...]) -> None:
         for sid in asked:

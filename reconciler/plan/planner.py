@@ -118,8 +118,14 @@ def admission_times(desired: DesiredState, seen: Mapping[ObjectKey, int], now: i
     neither a clock nor recorded sightings are given."""
     if now is None and not seen:
         return {}
-    out = {k: order_time(k, m.created_at, seen, now) for k, m in desired.models.items()}
-    out.update({k: order_time(k, t.created_at, seen, now) for k, t in desired.tasks.items()})
+    # C-level passes over the sighted objects (at 100,000 a Python call per object took 0.1 s a
+    # tick); Python only for the objects never seen before, which take ``now`` (or their time).
+    out: dict[ObjectKey, int] = {}
+    for specs in (desired.models, desired.tasks):
+        known = specs.keys() & seen.keys()
+        out.update(zip(known, map(seen.__getitem__, known), strict=True))
+        if len(known) < len(specs):
+            out.update({k: order_time(k, specs[k].created_at, seen, now) for k in specs.keys() - known})
     out.update({k: seen[k] for k in desired.invalid if k in seen})
     return out
 

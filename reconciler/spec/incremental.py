@@ -16,6 +16,7 @@ over every file of the tree. The result equals a full :func:`load` of the same f
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ from reconciler.spec.paths import FileSystem
 from reconciler.spec.types import DesiredState, ModelSpec, ObjectKey, TaskSpec
 
 CLUSTER = "cluster.yaml"
+_SERIALS = itertools.count(1)  # the serials of loaded states (DesiredState.serial), one sequence
 # What a folder's load depends on, per file: the file (same object when unchanged) and its time.
 _Signature = tuple[SourceFile, int]
 
@@ -63,6 +65,8 @@ class IncrementalLoader:
     _names: dict[str, ObjectKey] = field(default_factory=dict)
     _shared: dict[str, set[ObjectKey]] = field(default_factory=dict)
     _revision: str | None = None  # what the last load was of (``changed`` is relative to it)
+    _serial: int = 0  # the serial of the last state returned (0: none since the last reset)
+    _moved: set[ObjectKey] = field(default_factory=set)  # objects of the folders dropped or added by a load
     # Folders with a file that has no creation time: its time is the commit's, which every
     # commit moves, so they are looked at on every load.
     _defaulted: set[str] = field(default_factory=set)
@@ -100,6 +104,9 @@ class IncrementalLoader:
         if rebased:
             self._reset()
         self._cluster_source = cluster_file
+        follows = self._serial
+        # A model that shared a name may lose or win it back by another folder's change.
+        self._moved = {key for keys in self._shared.values() for key in keys}
         try:
             if self._cluster is None:
                 base = [cluster_file] if cluster_file is not None else []
@@ -139,6 +146,9 @@ class IncrementalLoader:
         except Exception:
             self._reset()
             raise
+        self._serial = result.serial = next(_SERIALS)
+        if follows and not rebased:
+            result.changed = (follows, frozenset(self._moved))
         self._basis, self._revision = basis, revision
         if rebased:  # every folder was built again: what was built on the old basis is dead
             self.cache.keep_basis(cluster_file.blob if cluster_file else None, basis[3], generation)
@@ -147,7 +157,7 @@ class IncrementalLoader:
         return result
 
     def _reset(self) -> None:
-        self._basis, self._cluster, self._revision, self._defaulted = None, None, None, set()
+        self._basis, self._cluster, self._revision, self._defaulted, self._serial = None, None, None, set(), 0
         self._folders, self._order, self._names, self._shared = {}, [], {}, {}
 
     def _add(self, name: str, sigs: dict[str, _Signature], default_time: int, kw: dict[str, Any]) -> None:
@@ -166,6 +176,7 @@ class IncrementalLoader:
         issues = [i for i in part.issues if i.path != CLUSTER]
         folder = _Folder(sigs, part.models, part.tasks, part.invalid, issues)
         self._folders[name] = folder
+        self._moved.update(folder.models, folder.tasks, folder.invalid)
         bisect.insort(self._order, name)
         for key, model in folder.models.items():
             for served in dict.fromkeys((model.served_name, model.alias)):
@@ -181,6 +192,7 @@ class IncrementalLoader:
 
     def _drop(self, name: str) -> None:
         folder = self._folders.pop(name)
+        self._moved.update(folder.models, folder.tasks, folder.invalid)
         del self._order[bisect.bisect_left(self._order, name)]
         for key, model in folder.models.items():
             for served in dict.fromkeys((model.served_name, model.alias)):
@@ -208,6 +220,7 @@ class IncrementalLoader:
             issues.extend(folder.issues)
         # Only a model some other model shares a name with can lose it (see aliases.clashes).
         contended = {key for keys in self._shared.values() for key in keys}
+        self._moved |= contended
         if contended:
             issues.extend(drop_clashes(state, clashes(state.models[k] for k in contended)))
         state.issues = sorted(set(issues))

@@ -274,6 +274,13 @@ class DesiredState:
 
     ``invalid`` holds objects whose file exists but does not load: the planner keeps
     what runs for them. ``issues`` holds every error found, for reports.
+
+    ``serial`` and ``changed`` are a change feed, set by the incremental loader and compared by
+    nothing: ``serial`` tells its successive states apart (0: not one of them), ``changed`` is
+    (the serial of the state this one follows, the objects whose spec, invalidity or issues may
+    differ from it; every other object's spec is the very same object). A state that carries
+    them is never changed after it is made, so a planner that saw the one it follows may look
+    at those objects alone.
     """
 
     cluster: ClusterSpec
@@ -285,6 +292,8 @@ class DesiredState:
     revision: str | None = None
     approve_prune: bool = False
     skipped: list[str] = field(default_factory=list)  # checks that did not run on it (said by the CLI)
+    serial: int = field(default=0, compare=False)
+    changed: tuple[int, frozenset[ObjectKey]] | None = field(default=None, compare=False)
 
     @property
     def object_count(self) -> int:

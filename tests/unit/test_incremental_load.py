@@ -21,6 +21,7 @@ from reconciler.plan.actual import ActualState
 from reconciler.plan.planner import plan
 from reconciler.spec.incremental import IncrementalLoader
 from reconciler.spec.loader import ParseCache, SourceFile, load
+from reconciler.spec.types import DesiredState, ObjectKey
 from tests.unit.test_fuzz_ticks import AllowAll
 
 USERS = ("alice", "alice-bob", "bob", "carol")
@@ -112,6 +113,8 @@ def test_incremental_load_equals_a_full_load_after_any_sequence_of_trees(
     inc, fed = IncrementalLoader(), IncrementalLoader()  # fed: told which paths changed, as the reader tells it
     fs = Generations()
     last: dict[str, tuple[SourceFile, int | None]] = {}
+    got_before: DesiredState | None = None
+    fed_before: DesiredState | None = None
     for n, spec in enumerate(trees):
         files, created = _files(spec)
         if n:  # some files without a creation time: the commit's time, which moves
@@ -126,10 +129,26 @@ def test_incremental_load_equals_a_full_load_after_any_sequence_of_trees(
         want = load(files, cache=ParseCache(), **kw)  # type: ignore[arg-type]
         assert got == want
         assert fed_got == want
+        for state, before in ((got, got_before), (fed_got, fed_before)):
+            _check_changed(state, before)
+        got_before, fed_before = got, fed_got
         event(f"models {min(len(want.models), 3)}, tasks {min(len(want.tasks), 3)}")
         event(f"clash: {any('already used' in i.message for i in want.issues)}")
         event(f"task source: {any(m.source.startswith('task:') for m in want.models.values())}")
         assert plan(got, ActualState(), now=0) == plan(want, ActualState(), now=0)
+
+
+def _check_changed(state: DesiredState, before: DesiredState | None) -> None:
+    """The change feed: every object it does not name is as it was, its very spec object."""
+    assert state.serial and (before is None or state.serial != before.serial)
+    if state.changed is None:
+        return
+    assert before is not None and state.changed[0] == before.serial
+    for key in state.keys() | before.keys():
+        if key not in state.changed[1]:
+            assert state.models.get(key) is before.models.get(key), key
+            assert state.tasks.get(key) is before.tasks.get(key), key
+            assert state.invalid.get(key) == before.invalid.get(key), key
 
 
 class _Untouchable(SourceFile):
@@ -207,3 +226,28 @@ def test_the_cache_keeps_one_generation_of_built_objects() -> None:
     recluster = [f if f.path != "cluster.yaml" else SourceFile("cluster.yaml", b"kind: Cluster\n", "c2") for f in files]
     assert inc.load(recluster, created=created, fs=fs) == load(recluster, created=created, fs=fs)  # type: ignore[arg-type]
     assert len(inc.cache.built) == len(files) - 1
+
+
+def test_the_change_feed_names_a_model_that_wins_its_served_name_back() -> None:
+    """A clash's loser keeps its file; when the other side goes, it is valid again though its own
+    folder did not change: the feed must name it."""
+    model = yaml.safe_dump({"kind": "Model", "source": "$HOME/m"}).encode()
+
+    def tree(*entries: tuple[str, str]) -> dict[str, object]:
+        return {"cluster": "plain", "files": [(u, r, model, i) for i, (u, r) in enumerate(entries)], "symlink": None}
+
+    trees = [
+        tree(("alice", "models/bob-x.yaml"), ("carol", "models/m1.yaml")),
+        tree(("alice", "models/bob-x.yaml"), ("alice-bob", "models/x.yaml"), ("carol", "models/m1.yaml")),
+        tree(("alice", "models/bob-x.yaml"), ("carol", "models/m1.yaml")),
+    ]
+    loader, before = IncrementalLoader(), None
+    for n, spec in enumerate(trees):
+        files, created = _files(spec)
+        state = loader.load(files, created=created, revision=f"r{n}")
+        assert state == load(files, created=created, revision=f"r{n}")
+        _check_changed(state, before)
+        before = state
+    assert (
+        before is not None and before.changed is not None and ObjectKey("alice", "model", "bob-x") in before.changed[1]
+    )

@@ -497,3 +497,23 @@ def test_a_plan_that_raises_midway_leaves_no_half_updated_memo(monkeypatch: Any)
         raise AssertionError("the step did not raise")
     monkeypatch.setattr(incremental, "model_step", real)
     assert inc.plan(desired, world.actual(False), now=START) == plan(desired, world.actual(False), now=START)
+
+
+def test_a_model_taking_a_task_s_output_is_planned_again_when_the_task_succeeds() -> None:
+    """No file changed (the change feed names no object), but the model's checkpoint appeared."""
+    world, loader, inc = World(), IncrementalLoader(), IncrementalPlanner()
+    world.files["users/alice/models/m1.yaml"] = _document("models", "alice", "m1", 52)  # source: task:t1
+    world.files["users/alice/tasks/t1.yaml"] = _document("tasks", "alice", "t1", 50)
+    desired = _desired(world, loader, False)
+    before = inc.plan(desired, world.actual(False), now=START)
+    assert not any(a.type is ActionType.DEPLOY_MODEL for a in before.actions)
+    spec = desired.tasks[ObjectKey("alice", "task", "t1")]
+    sid = submission_id(spec)
+    done = ActualJob(sid, spec.key, _task_hash(spec), "SUCCEEDED", end_time=START, hf_checkpoint="/home/alice/ckpt/1")
+    world.jobs[sid] = done
+    desired = _desired(world, loader, False)
+    assert desired.changed is not None and not desired.changed[1]
+    actual = world.actual(False)
+    got = inc.plan(desired, actual, now=START)
+    assert got == plan(desired, actual, now=START)
+    assert any(a.type is ActionType.DEPLOY_MODEL for a in got.actions)

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reconciler.daemon import build_parts
+from reconciler.fscache import CachedFS
 from reconciler.loop import Daemon
 from reconciler.plan.memory import Memory
 from reconciler.server import Metrics
@@ -54,7 +55,7 @@ class World:
             source,
             "main",
             self.ray,
-            fs=AllowAll(),
+            fs=CachedFS(AllowAll()),  # as the daemon's: answers kept per generation, so loads are incremental
             secrets_env={},
             task_check=lambda t, c: [],
             model_check=lambda m, c: [],
