@@ -116,7 +116,7 @@ class IncrementalLoader:
             raise
         self._basis = basis
         if rebased:  # every folder was built again: what was built on the old basis is dead
-            self.cache.keep_basis(cluster_file.blob if cluster_file else None, basis[3], generation)
+            self.cache.keep_basis(cluster_file.blob if cluster_file else None, basis[3])
         if len(self.cache.entries) > 2 * len(files) + 1024 or len(self.cache.built) > 2 * len(files) + 1024:
             self._prune(files)
         return result
