@@ -117,7 +117,8 @@ class RevisionReader:
         )
 
     def refresh_fs(self) -> None:
-        """Forget remembered file-system answers (the loop does it on timer ticks, not on pushes)."""
+        """Check remembered file-system answers again (the loop does it on timer ticks, not on
+        pushes): the next read re-loads the user folders whose answers changed."""
         refresh = getattr(self.fs, "refresh", None)
         if callable(refresh):
             refresh()

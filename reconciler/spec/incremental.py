@@ -6,7 +6,10 @@ model's ``source: task:<name>``, an invalid file's claim on its object's path), 
 exception: served-name clashes, which are resolved over all models at once. So the tree is
 loaded per user folder; a later load re-loads only the folders whose files (path, blob, kind,
 size, creation time) changed, and resolves clashes again among the models that share a name.
-Any change to cluster.yaml, the file system's generation, the checks or the cache starts over.
+On a :class:`~reconciler.spec.paths.ScopedFileSystem` (the daemon's) each folder is loaded through
+its own scope and re-loaded also when its generation moves (an answer it was given changed); a
+change of what every folder asked, of cluster.yaml, of the checks, of another file system's
+generation or of the cache starts over.
 The result equals a full :func:`load` of the same files (``tests/unit/test_incremental_load.py``).
 """
 
@@ -20,7 +23,7 @@ from typing import Any
 from reconciler.errors import Issue
 from reconciler.spec.aliases import clashes
 from reconciler.spec.loader import ModelCheck, ParseCache, SourceFile, TaskCheck, check_ids, drop_clashes, load
-from reconciler.spec.paths import FileSystem
+from reconciler.spec.paths import FileSystem, ScopedFileSystem, scoped
 from reconciler.spec.types import DesiredState, ModelSpec, ObjectKey, TaskSpec
 
 CLUSTER = "cluster.yaml"
@@ -37,6 +40,7 @@ class _Folder:
     tasks: dict[ObjectKey, TaskSpec]
     invalid: dict[ObjectKey, list[Issue]]
     issues: list[Issue]
+    generation: object = None  # its scope's file-system generation when loaded (None: not scoped)
 
 
 @dataclass
@@ -59,6 +63,7 @@ class IncrementalLoader:
     # sets took ~20 MB.
     _names: dict[str, ObjectKey] = field(default_factory=dict)
     _shared: dict[str, set[ObjectKey]] = field(default_factory=dict)
+    _changed: int | None = None  # the scoped file system's ``changed`` as of the last load
 
     def load(
         self,
@@ -76,7 +81,10 @@ class IncrementalLoader:
         time: the caller may change it. Raises what :func:`load` raises (then nothing is kept)."""
         created = created or {}
         cluster_file = next((f for f in files if f.path == CLUSTER), None)
-        generation = getattr(fs, "generation", None)
+        scopes = scoped(fs)
+        # Scoped: a folder's own answers move only its generation (see _reload_changed).
+        generation = scopes.generation_of(None) if scopes is not None else getattr(fs, "generation", None)
+        changed = scopes.changed if scopes is not None else None
         basis = (cluster_file, id(fs) if fs is not None else None, generation, check_ids(task_check, model_check))
         kw: dict[str, Any] = dict(fs=fs, cache=self.cache, task_check=task_check, model_check=model_check)
         if fs is not None and generation is None:  # it answers anew every time: nothing can be reused
@@ -91,7 +99,8 @@ class IncrementalLoader:
         try:
             if self._cluster is None:
                 base = [cluster_file] if cluster_file is not None else []
-                self._cluster = load(base, default_time=default_time, prune=False, **kw)
+                every = dict(kw, fs=scopes.scope(None)) if scopes is not None else kw
+                self._cluster = load(base, default_time=default_time, prune=False, **every)
             grouped: dict[str, dict[str, _Signature]] = {}
             for file in files:
                 path = file.path
@@ -110,11 +119,13 @@ class IncrementalLoader:
                 if old is not None:
                     self._drop(name)
                 self._add(name, sigs, default_time, kw)
+            if scopes is not None and changed != self._changed:
+                self._reload_changed(scopes, default_time, kw)
             result = self._merge(revision, approve_prune)
         except Exception:
             self._reset()
             raise
-        self._basis = basis
+        self._basis, self._changed = basis, changed
         if rebased:  # every folder was built again: what was built on the old basis is dead
             self.cache.keep_basis(cluster_file.blob if cluster_file else None, basis[3])
         if len(self.cache.entries) > 2 * len(files) + 1024 or len(self.cache.built) > 2 * len(files) + 1024:
@@ -122,24 +133,27 @@ class IncrementalLoader:
         return result
 
     def _reset(self) -> None:
-        self._basis, self._cluster = None, None
+        self._basis, self._cluster, self._changed = None, None, None
         self._folders, self._order, self._names, self._shared = {}, [], {}, {}
 
     def _add(self, name: str, sigs: dict[str, _Signature], default_time: int, kw: dict[str, Any]) -> None:
         files = [f for f, _when in sigs.values()]
         created = {path: when for path, (_f, when) in sigs.items()}
         cluster_file = self._cluster_source
+        scopes = scoped(kw["fs"])
+        fs = scopes.scope(name) if scopes is not None else kw["fs"]
         part = load(
             [*([cluster_file] if cluster_file is not None else []), *files],
             created=created,
             default_time=default_time,
             resolve_clashes=False,
             prune=False,
-            **kw,
+            **dict(kw, fs=fs),
         )
         self.folders_loaded += 1
         issues = [i for i in part.issues if i.path != CLUSTER]
-        folder = _Folder(sigs, part.models, part.tasks, part.invalid, issues)
+        generation = getattr(fs, "generation", None) if scopes is not None else None
+        folder = _Folder(sigs, part.models, part.tasks, part.invalid, issues, generation)
         self._folders[name] = folder
         bisect.insort(self._order, name)
         for key, model in folder.models.items():
@@ -153,6 +167,14 @@ class IncrementalLoader:
                     del self._names[served]
                 else:
                     self._names[served] = key
+
+    def _reload_changed(self, fs: ScopedFileSystem, default_time: int, kw: dict[str, Any]) -> None:
+        """Load again, with the same files, every folder whose generation on ``fs`` moved since it
+        was loaded (an answer it was given changed)."""
+        for name in [n for n, f in self._folders.items() if f.generation != fs.generation_of(n)]:
+            sigs = self._folders[name].files
+            self._drop(name)
+            self._add(name, sigs, default_time, kw)
 
     def _drop(self, name: str) -> None:
         folder = self._folders.pop(name)

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 from pathlib import Path
+from unittest.mock import patch
 
+import yaml
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from reconciler import fscache
 from reconciler.fscache import CachedFS, ScopeGeneration
 from reconciler.plan.actions import ActionType
 from reconciler.source.localfs import LocalFS
 from reconciler.source.remote import open_source
+from reconciler.spec.incremental import IncrementalLoader
+from reconciler.spec.loader import ParseCache, SourceFile, load
 from reconciler.spec.types import ObjectKey
 from tests.support import ConfigRepo, cluster_yaml, ticker
 from tests.unit.fake_ray import FakeRay
@@ -206,3 +215,210 @@ def test_a_question_asked_while_a_refresh_asks_the_file_system_is_not_lost() -> 
     assert fs.generation_of("bob") > bob and fs.generation_of("alice") == ScopeGeneration(fs.generation)
     fs.inner = inner
     assert fs.scope("bob").exists("/hf/x")
+
+
+# -- the loader re-loads only the folders whose answers changed --------------------------------
+
+CLUSTER = {"kind": "Cluster", "paths": {"common": "/hf", "users": "/home"}}
+QWEN = "/hf/hub/models--Qwen--Qwen2.5-0.5B/snapshots/a"
+
+
+def _file(path: str, data: object) -> SourceFile:
+    text = (data if isinstance(data, str) else yaml.safe_dump(data)).encode()
+    return SourceFile(path, text, hashlib.sha1(text).hexdigest())
+
+
+def _tree(docs: dict[str, object]) -> list[SourceFile]:
+    files = [_file(path, doc) for path, doc in docs.items()]
+    return sorted([_file("cluster.yaml", CLUSTER), *files], key=lambda f: f.path)
+
+
+def _sft(data: str, model: str = "Qwen/Qwen2.5-0.5B") -> dict[str, object]:
+    return {"kind": "Task", "workload": "sft", "model": model, "data": {"train": data}}
+
+
+USERS3 = ("alice", "bob", "carol")
+
+
+def test_a_timer_tick_with_nothing_changed_reloads_no_folder() -> None:
+    inner = FakeFS(QWEN, *(f"/home/{u}/models/m" for u in USERS3), "/home/alice/data/train.parquet")
+    docs: dict[str, object] = {}
+    for u in USERS3:
+        docs[f"users/{u}/models/m.yaml"] = {"kind": "Model", "source": "$HOME/models/m"}
+        docs[f"users/{u}/models/q.yaml"] = {"kind": "Model", "source": "Qwen/Qwen2.5-0.5B"}
+        docs[f"users/{u}/tasks/t.yaml"] = _sft("$HOME/data/train.parquet")
+    files, fs, loader = _tree(docs), CachedFS(inner), IncrementalLoader()
+    first = loader.load(files, fs=fs)
+    assert loader.folders_loaded == 3 and len(first.models) == 6 and len(first.invalid) == 2
+    for _ in range(3):
+        fs.refresh()  # a timer tick
+        again = loader.load(files, fs=fs)
+        assert loader.folders_loaded == 3
+        assert again == first == load(files, fs=inner, cache=ParseCache())
+        assert all(again.models[k] is first.models[k] for k in first.models)  # not rebuilt
+
+
+def test_a_users_data_folder_appearing_reloads_exactly_that_users_folder() -> None:
+    inner = FakeFS(QWEN)
+    docs: dict[str, object] = {f"users/{u}/tasks/t.yaml": _sft("$HOME/data/train.parquet") for u in USERS3}
+    files, fs, loader = _tree(docs), CachedFS(inner), IncrementalLoader()
+    first = loader.load(files, fs=fs)
+    assert len(first.invalid) == 3 and loader.folders_loaded == 3
+    inner.add("/home/bob/data/train.parquet")
+    assert loader.load(files, fs=fs) == first  # a push tick: the answers of the last timer tick
+    fs.refresh()
+    got = loader.load(files, fs=fs)
+    assert loader.folders_loaded == 4
+    assert ObjectKey("bob", "task", "t") in got.tasks and len(got.invalid) == 2
+    assert got == load(files, fs=inner, cache=ParseCache())
+
+
+def test_a_model_appearing_in_the_hf_cache_reloads_each_user_of_it() -> None:
+    inner = FakeFS(QWEN)
+    docs: dict[str, object] = {
+        "users/alice/models/o.yaml": {"kind": "Model", "source": "org/other"},
+        "users/bob/tasks/t.yaml": {**_sft("$HOME/d", model="org/other")},
+        "users/carol/models/q.yaml": {"kind": "Model", "source": "Qwen/Qwen2.5-0.5B"},
+    }
+    inner.add("/home/bob/d")
+    files, fs, loader = _tree(docs), CachedFS(inner), IncrementalLoader()
+    assert len(loader.load(files, fs=fs).invalid) == 2
+    inner.add("/hf/hub/models--org--other/snapshots/b")
+    fs.refresh()
+    got = loader.load(files, fs=fs)
+    assert loader.folders_loaded == 3 + 2 and not got.invalid
+    assert got == load(files, fs=inner, cache=ParseCache())
+
+
+def test_what_a_full_load_built_is_not_reused_by_a_folders_load() -> None:
+    """A full load asks the CachedFS itself (nobody tracks its questions): an object it built
+    is never a hit for a folder's load, whatever the generations' numbers."""
+    inner = FakeFS()
+    files = _tree({"users/alice/models/m.yaml": {"kind": "Model", "source": "$HOME/m"}})
+    fs, cache = CachedFS(inner), ParseCache()
+    assert load(files, fs=fs, cache=cache).invalid  # built in generation 0
+    inner.add("/home/alice/m")
+    fs.refresh()
+    got = IncrementalLoader(cache).load(files, fs=fs)  # alice's folder: also generation 0
+    assert not got.invalid and got == load(files, fs=inner)
+
+
+def test_a_file_system_without_generations_is_asked_on_every_load() -> None:
+    inner = FakeFS(*(f"/home/{u}/m" for u in USERS3))
+    files = _tree({f"users/{u}/models/m.yaml": {"kind": "Model", "source": "$HOME/m"} for u in USERS3})
+    loader = IncrementalLoader()
+    assert loader.load(files, fs=inner) == load(files, fs=inner)
+    inner.remove("/home/bob/m")
+    got = loader.load(files, fs=inner)
+    assert ObjectKey("bob", "model", "m") in got.invalid and got == load(files, fs=inner)
+
+
+# -- the property: after any changes, refreshes and pushes, the load equals a full load ---------
+
+PATHS = [
+    *(f"/home/{u}/{p}" for u in USERS3 for p in ("models/m", "models/n", "data/train.parquet", "work", "")),
+    QWEN,
+    "/hf/hub/models--Qwen--Qwen2.5-0.5B/snapshots/b",
+    "/hf/hub/models--org--other/snapshots/a",
+    "/hf",
+]
+add_or_remove = st.tuples(st.sampled_from(["add", "remove"]), st.sampled_from(PATHS).map(lambda p: p.rstrip("/")))
+fs_change = st.one_of(
+    add_or_remove,
+    add_or_remove,
+    add_or_remove,
+    st.tuples(st.just("link"), st.sampled_from([f"/home/{u}/models/m" for u in USERS3])),
+    st.tuples(st.just("unlink"), st.sampled_from([f"/home/{u}/models/m" for u in USERS3])),
+    st.tuples(st.just("refs"), st.sampled_from(["a", "b", "gone"])),
+    st.tuples(st.just("touch"), st.sampled_from([QWEN, "/hf/hub/models--Qwen--Qwen2.5-0.5B/snapshots/b"])),
+)
+model_doc = st.builds(
+    lambda s: {"kind": "Model", "source": s},
+    st.sampled_from(["$HOME/models/m", "$HOME/models/n", "Qwen/Qwen2.5-0.5B", "org/other", "task:t"]),
+)
+task_doc = st.one_of(
+    st.builds(
+        _sft,
+        st.sampled_from(["$HOME/data/train.parquet", "$HOME/work"]),
+        st.sampled_from(["Qwen/Qwen2.5-0.5B", "org/other"]),
+    ),
+    st.just({"kind": "Task", "workload": "command", "command": "true", "working_dir": "$HOME/work"}),
+)
+tree_docs = st.fixed_dictionaries(
+    {},
+    optional={
+        **{f"users/{u}/models/{n}.yaml": model_doc for u in USERS3 for n in ("a", "b")},
+        **{f"users/{u}/tasks/t.yaml": task_doc for u in USERS3},
+    },
+)
+fs_step = st.tuples(st.just("fs"), fs_change)
+timer_step = st.tuples(st.just("timer"), st.none())
+step = st.one_of(fs_step, fs_step, timer_step, timer_step, st.tuples(st.just("push"), tree_docs))
+
+
+def _apply(inner: FakeFS, change: tuple[str, str]) -> None:
+    what, arg = change
+    if what == "add":
+        inner.add(arg)
+    elif what == "remove":
+        inner.remove(arg)
+    elif what == "link":
+        inner.add("/outside/m")
+        inner.links[arg] = "/outside/m"
+    elif what == "unlink":
+        inner.links.pop(arg, None)
+    elif what == "refs":
+        ref = "/hf/hub/models--Qwen--Qwen2.5-0.5B/refs/main"
+        inner.add(ref)
+        if arg == "gone":
+            inner.remove(ref)
+        else:
+            inner.texts[ref] = arg
+    else:
+        inner.mtimes[arg] = inner.mtimes.get(arg, 0.0) + 1
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    tree_docs,
+    st.lists(step, min_size=3, max_size=14),
+    st.sets(st.sampled_from(PATHS), max_size=6),
+    st.booleans(),
+)
+def test_after_any_file_system_changes_refreshes_and_pushes_the_load_equals_a_full_load(
+    first: dict[str, object], steps: list[tuple[str, object]], present: set[str], tight: bool
+) -> None:
+    """Paths under users' homes and models in the Hugging Face cache appear, vanish, become
+    symlinks out of the roots, ``refs/main`` and snapshot times move; pushes change which users
+    ask what. After every timer tick (and every push with no file-system change since the last
+    one) the incremental load equals a full load on the file system as it is. ``tight``: the
+    table's bound is what a load from scratch asked, so every folder starts over often."""
+    inner = FakeFS(*(p.rstrip("/") for p in present))
+    fs, loader = CachedFS(inner), IncrementalLoader()
+    files = _tree(first)
+    fresh = True  # no file-system change since the last refresh
+    changes = 0
+    with patch.multiple(fscache, GROWTH=1 if tight else fscache.GROWTH, SLACK=0 if tight else fscache.SLACK):
+        assert loader.load(files, fs=fs) == load(files, fs=inner, cache=ParseCache())
+        for what, arg in steps:
+            if what == "fs":
+                _apply(inner, arg)  # type: ignore[arg-type]
+                fresh, changes = False, changes + 1
+                continue
+            before, everyone = loader.folders_loaded, fs.generation_of(None)
+            if what == "timer":
+                fs.refresh()
+                fresh = True
+            else:
+                files = _tree(arg)  # type: ignore[arg-type]
+            got = loader.load(files, fs=fs)
+            if what == "timer" and fs.generation_of(None) != everyone:
+                event("timer: every folder started over")
+            elif what == "timer" and changes:
+                reloaded = loader.folders_loaded - before
+                event(f"timer after changes: re-loaded {reloaded} of {len(loader._folders)} folders")
+            changes = 0 if what == "timer" else changes
+            if fresh:  # else the answers of the last timer tick stand, by design (reconciler.fscache)
+                assert got == load(files, fs=inner, cache=ParseCache())
+        fs.refresh()
+        assert loader.load(files, fs=fs) == load(files, fs=inner, cache=ParseCache())
