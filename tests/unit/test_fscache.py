@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+import threading
 from pathlib import Path
 from unittest.mock import patch
 
@@ -215,6 +216,38 @@ def test_a_question_asked_while_a_refresh_asks_the_file_system_is_not_lost() -> 
     assert fs.generation_of("bob") > bob and fs.generation_of("alice") == ScopeGeneration(fs.generation)
     fs.inner = inner
     assert fs.scope("bob").exists("/hf/x")
+
+
+def test_questions_from_other_threads_during_refreshes() -> None:
+    """Page threads ask while the loop refreshes: every question is answered, what a folder asked
+    stays tracked with an answer, and after a last refresh every answer is the file system's."""
+    inner = FakeFS()
+    fs = CachedFS(inner)
+    paths = [f"/home/u{i}/m" for i in range(40)]
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            for n in range(3000):
+                path = paths[n % len(paths)]
+                fs.scope(f"u{n % 7}").exists(path)
+                fs.realpath(path)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    for n in range(200):
+        if n % 3:
+            inner.add(paths[n % len(paths)])
+        else:
+            inner.remove(paths[n % len(paths)])
+        fs.refresh()
+    thread.join()
+    assert not errors
+    assert set(fs._askers) <= set(fs._answers)
+    fs.refresh()
+    assert all(fs.scope("u0").exists(p) == inner.exists(p) for p in paths)
 
 
 # -- the loader re-loads only the folders whose answers changed --------------------------------
