@@ -10,6 +10,9 @@ this process (and its git children), split into the load (read the commit, valid
 
 Usage: PYTHONPATH=. .venv/bin/python bench/tick_cpu.py [--sizes 100,1000,10000] [--pushes 10]
 [--profile SIZE]  (prints cProfile's top functions of one more push tick at that size)
+[--timer N]  (also N timer ticks after the pushes, as the loop runs them every --observe-interval
+with nothing pushed and the file system unchanged: refresh_fs + forget_capacity + a tick with its
+status write; the median CPU, refresh_fs's part of it and how many user folders each re-loaded)
 [--plan-only]  (only plan + assess of each push, full against :class:`IncrementalPlanner`, in process:
 the same objects suspended, then all running in sync with Ray's objects rebuilt for every push)
 """
@@ -84,7 +87,7 @@ def bench_daemon(repo: ConfigRepo, root: Path) -> Daemon:
     return Daemon(parts, StatusWriter(source), metrics=Metrics())
 
 
-def measure(root: Path, objects: int, pushes: int, profile: bool) -> dict[str, float]:
+def measure(root: Path, objects: int, pushes: int, profile: bool, timers: int = 0) -> dict[str, float]:
     t0 = time.perf_counter()
     repo = make_repo(root, objects)
     made = time.perf_counter() - t0
@@ -128,8 +131,23 @@ def measure(root: Path, objects: int, pushes: int, profile: bool) -> dict[str, f
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(25)
         print(out.getvalue(), file=sys.stderr)
+    timed: list[float] = []
+    refreshes: list[float] = []
+    reloaded: list[int] = []
+    loader = parts.revisions._loader
+    for _ in range(timers):  # what Daemon.run does when its wait times out (nothing pushed)
+        a, folders = cpu_seconds(), loader.folders_loaded
+        parts.revisions.refresh_fs()
+        refreshes.append(cpu_seconds() - a)
+        parts.observer.forget_capacity()
+        assert daemon.run_once() == 0.0, daemon.last_error or daemon.tick_exception
+        timed.append(cpu_seconds() - a)
+        reloaded.append(loader.folders_loaded - folders)
     daemon.close()
     return {
+        "timer": statistics.median(timed) if timed else float("nan"),
+        "timer_folders": statistics.median(reloaded) if reloaded else float("nan"),
+        "timer_refresh": statistics.median(refreshes) if refreshes else float("nan"),
         "generate": made,
         "first": first,
         "load": statistics.median(loads),
@@ -184,6 +202,7 @@ def main() -> int:
     parser.add_argument("--pushes", type=int, default=10)
     parser.add_argument("--profile", type=int, default=None, help="profile the push ticks at this size")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--timer", type=int, default=0, help="also time this many timer ticks (nothing changed)")
     parser.add_argument("--plan-only", action="store_true", help="time plan + assess alone: full vs incremental")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")] if args.one is None else [args.one]
@@ -202,18 +221,26 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="argus-tickcpu-", ignore_cleanup_errors=True) as tmp:
         for n in sizes:
             gc.collect()
-            rows.append((n, measure(Path(tmp) / str(n), n, args.pushes, args.profile == n)))
+            rows.append((n, measure(Path(tmp) / str(n), n, args.pushes, args.profile == n, args.timer)))
             print(f"{n}: {rows[-1][1]}", file=sys.stderr)
     print(f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; medians of {args.pushes} one-file pushes\n")
+    timer_head = f" timer tick CPU (median of {args.timer}) | of it refresh_fs | folders re-loaded |"
+    timer_head = timer_head if args.timer else ""
     print(
-        "| objects | first tick CPU | push tick CPU: load | tick | status write | total | peak RSS (all sizes so far) |"
+        "| objects | first tick CPU | push tick CPU: load | tick | status write | total |"
+        f"{timer_head} peak RSS (all sizes so far) |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|" + ("---|---|---|" if args.timer else "") + "---|")
     for n, r in rows:
         total = r["load"] + r["tick"] + r["report"]
+        timer_cell = (
+            f" {r['timer'] * 1000:.0f} ms | {r['timer_refresh'] * 1000:.0f} ms | {r['timer_folders']:.0f} |"
+            if args.timer
+            else ""
+        )
         print(
             f"| {n:,} | {r['first']:.1f} s | {r['load'] * 1000:.0f} ms | {r['tick'] * 1000:.0f} ms "
-            f"| {r['report'] * 1000:.0f} ms | {total * 1000:.0f} ms | {r['rss']:.0f} MB |"
+            f"| {r['report'] * 1000:.0f} ms | {total * 1000:.0f} ms |{timer_cell} {r['rss']:.0f} MB |"
         )
     return 0
 

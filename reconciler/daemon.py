@@ -73,15 +73,15 @@ def build_parts(
 ) -> Parts:
     """The parts that reconcile ``branch`` of ``source`` with the Ray cluster behind ``dash``.
 
-    ``fs``: the file system the loader checks paths on (default: the local one, answers kept until
-    the next timer tick); ``secrets_env`` (default: :func:`secrets_from_environment`);
-    ``task_check``/``model_check`` (default: verl's and vLLM's when installed); ``ownership_key``
-    signs and proves argus's jobs (default: ``load_or_create_key`` in ``state_dir`` or
-    :func:`default_state_dir`); ``status_docs`` returns the status branch's documents (default:
-    read the branch; the daemon gives its status writer's); ``record_runs``: see
-    :class:`~reconciler.tick.Parts`; ``serve_url``: where models are asked for a real answer before
-    they count as RUNNING ("": the dashboard's host at ``serving.http_port``; None: Serve's status
-    alone)."""
+    ``fs``: the file system the loader checks paths on (default: the local one, its answers kept and
+    checked again on each timer tick, see :mod:`reconciler.fscache`); ``secrets_env`` (default:
+    :func:`secrets_from_environment`); ``task_check``/``model_check`` (default: verl's and vLLM's
+    when installed); ``ownership_key`` signs and proves argus's jobs (default:
+    ``load_or_create_key`` in ``state_dir`` or :func:`default_state_dir`); ``status_docs`` returns
+    the status branch's documents (default: read the branch; the daemon gives its status writer's);
+    ``record_runs``: see :class:`~reconciler.tick.Parts`; ``serve_url``: where models are asked for
+    a real answer before they count as RUNNING ("": the dashboard's host at ``serving.http_port``;
+    None: Serve's status alone)."""
     key = ownership_key if ownership_key is not None else load_or_create_key(state_dir or default_state_dir())
     revisions = RevisionReader(
         source,

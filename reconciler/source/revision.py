@@ -118,7 +118,8 @@ class RevisionReader:
         )
 
     def refresh_fs(self) -> None:
-        """Forget remembered file-system answers (the loop does it on timer ticks, not on pushes)."""
+        """Check remembered file-system answers again (the loop does it on timer ticks, not on
+        pushes): the next read re-loads the user folders whose answers changed."""
         refresh = getattr(self.fs, "refresh", None)
         if callable(refresh):
             refresh()
@@ -126,12 +127,16 @@ class RevisionReader:
     def memo_sizes(self) -> dict[str, int]:
         """How many entries each memo holds (the soak checks they stay bounded)."""
         cache, loader, repo = self._cache, self._loader, self.source.repo
-        return {
+        sizes = {
             "parse_cache": len(cache.entries) + len(cache.built) + len(cache.keys),
             "loader": len(loader._folders) + len(loader._names),
             "git_created": len(repo._created),
             "git_sizes": len(repo._sizes),
         }
+        held = getattr(self.fs, "held", None)
+        if callable(held):
+            sizes["fs_answers"] = held()
+        return sizes
 
 
 def load_contained(files: list[SourceFile], loader: Callable[[list[SourceFile]], DesiredState]) -> DesiredState:

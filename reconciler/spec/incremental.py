@@ -6,7 +6,10 @@ model's ``source: task:<name>``, an invalid file's claim on its object's path), 
 exception: served-name clashes, which are resolved over all models at once. So the tree is
 loaded per user folder; a later load re-loads only the folders whose files (path, blob, kind,
 size, creation time) changed, and resolves clashes again among the models that share a name.
-Any change to cluster.yaml, the file system's generation, the checks or the cache starts over.
+On a :class:`~reconciler.spec.paths.ScopedFileSystem` (the daemon's) each folder is loaded through
+its own scope and re-loaded also when its generation moves (an answer it was given changed); a
+change of what every folder asked, of cluster.yaml, of the checks, of another file system's
+generation or of the cache starts over.
 Told which paths changed since the revision it loaded last (``changed``, from git's
 ``diff-tree``), it looks only at those paths' folders: a push costs what it changed, not a pass
 over every file of the tree. The result equals a full :func:`load` of the same files
@@ -24,7 +27,7 @@ from typing import Any
 from reconciler.errors import Issue
 from reconciler.spec.aliases import clashes
 from reconciler.spec.loader import ModelCheck, ParseCache, SourceFile, TaskCheck, check_ids, drop_clashes, load
-from reconciler.spec.paths import FileSystem
+from reconciler.spec.paths import FileSystem, ScopedFileSystem, scoped
 from reconciler.spec.types import DesiredState, ModelSpec, ObjectKey, TaskSpec
 
 CLUSTER = "cluster.yaml"
@@ -42,6 +45,7 @@ class _Folder:
     tasks: dict[ObjectKey, TaskSpec]
     invalid: dict[ObjectKey, list[Issue]]
     issues: list[Issue]
+    generation: object = None  # its scope's file-system generation when loaded (None: not scoped)
 
 
 @dataclass
@@ -70,6 +74,7 @@ class IncrementalLoader:
     # Folders with a file that has no creation time: its time is the commit's, which every
     # commit moves, so they are looked at on every load.
     _defaulted: set[str] = field(default_factory=set)
+    _fs_changed: int | None = None  # the scoped file system's ``changed`` as of the last load
 
     def load(
         self,
@@ -92,7 +97,10 @@ class IncrementalLoader:
         path order, and only the folders of those paths are looked at."""
         created = created or {}
         cluster_file = next((f for f in files if f.path == CLUSTER), None)
-        generation = getattr(fs, "generation", None)
+        scopes = scoped(fs)
+        # Scoped: a folder's own answers move only its generation (see _reload_changed).
+        generation = scopes.generation_of(None) if scopes is not None else getattr(fs, "generation", None)
+        fs_changed = scopes.changed if scopes is not None else None
         basis = (cluster_file, id(fs) if fs is not None else None, generation, check_ids(task_check, model_check))
         kw: dict[str, Any] = dict(fs=fs, cache=self.cache, task_check=task_check, model_check=model_check)
         if fs is not None and generation is None:  # it answers anew every time: nothing can be reused
@@ -110,7 +118,8 @@ class IncrementalLoader:
         try:
             if self._cluster is None:
                 base = [cluster_file] if cluster_file is not None else []
-                self._cluster = load(base, default_time=default_time, prune=False, **kw)
+                every = dict(kw, fs=scopes.scope(None)) if scopes is not None else kw
+                self._cluster = load(base, default_time=default_time, prune=False, **every)
             if not rebased and changed is not None and changed[0] == self._revision and self._revision is not None:
                 looked = {p.split("/", 2)[1] for p in changed[1] if p.startswith("users/")} | self._defaulted
                 grouped = {name: _folder_files(files, name, created, default_time) for name in looked}
@@ -142,6 +151,8 @@ class IncrementalLoader:
                 if old is not None:
                     self._drop(name)
                 self._add(name, sigs, default_time, kw)
+            if scopes is not None and fs_changed != self._fs_changed:
+                self._reload_changed(scopes, default_time, kw)
             result = self._merge(revision, approve_prune)
         except Exception:
             self._reset()
@@ -149,32 +160,36 @@ class IncrementalLoader:
         self._serial = result.serial = next(_SERIALS)
         if follows and not rebased:
             result.changed = (follows, frozenset(self._moved))
-        self._basis, self._revision = basis, revision
+        self._basis, self._revision, self._fs_changed = basis, revision, fs_changed
         if rebased:  # every folder was built again: what was built on the old basis is dead
-            self.cache.keep_basis(cluster_file.blob if cluster_file else None, basis[3], generation)
+            self.cache.keep_basis(cluster_file.blob if cluster_file else None, basis[3])
         if len(self.cache.entries) > 2 * len(files) + 1024 or len(self.cache.built) > 2 * len(files) + 1024:
             self._prune(files)
         return result
 
     def _reset(self) -> None:
         self._basis, self._cluster, self._revision, self._defaulted, self._serial = None, None, None, set(), 0
+        self._fs_changed = None
         self._folders, self._order, self._names, self._shared = {}, [], {}, {}
 
     def _add(self, name: str, sigs: dict[str, _Signature], default_time: int, kw: dict[str, Any]) -> None:
         files = [f for f, _when in sigs.values()]
         created = {path: when for path, (_f, when) in sigs.items()}
         cluster_file = self._cluster_source
+        scopes = scoped(kw["fs"])
+        fs = scopes.scope(name) if scopes is not None else kw["fs"]
         part = load(
             [*([cluster_file] if cluster_file is not None else []), *files],
             created=created,
             default_time=default_time,
             resolve_clashes=False,
             prune=False,
-            **kw,
+            **dict(kw, fs=fs),
         )
         self.folders_loaded += 1
         issues = [i for i in part.issues if i.path != CLUSTER]
-        folder = _Folder(sigs, part.models, part.tasks, part.invalid, issues)
+        generation = getattr(fs, "generation", None) if scopes is not None else None
+        folder = _Folder(sigs, part.models, part.tasks, part.invalid, issues, generation)
         self._folders[name] = folder
         self._moved.update(folder.models, folder.tasks, folder.invalid)
         bisect.insort(self._order, name)
@@ -189,6 +204,14 @@ class IncrementalLoader:
                     del self._names[served]
                 else:
                     self._names[served] = key
+
+    def _reload_changed(self, fs: ScopedFileSystem, default_time: int, kw: dict[str, Any]) -> None:
+        """Load again, with the same files, every folder whose generation on ``fs`` moved since it
+        was loaded (an answer it was given changed)."""
+        for name in [n for n, f in self._folders.items() if f.generation != fs.generation_of(n)]:
+            sigs = self._folders[name].files
+            self._drop(name)
+            self._add(name, sigs, default_time, kw)
 
     def _drop(self, name: str) -> None:
         folder = self._folders.pop(name)

@@ -88,11 +88,15 @@ class ParseCache:
     max_bytes: int = CACHE_BYTES
     weights: dict[object, int] = field(default_factory=dict)  # entries' and built's keys -> source bytes
     bytes: int = 0
-    # Offline only (fs=None: the result is a pure function of the key): built objects by
-    # (path, blob, created, cluster.yaml blob, task check, task-source present), and the
-    # ClusterSpec by cluster.yaml blob, so that unchanged objects (and their memoised spec
-    # hashes, see reconciler.spec.hashing) are reused as they are by the next load.
-    built: dict[tuple[object, ...], tuple[ModelSpec | TaskSpec | None, list[Issue]]] = field(default_factory=dict)
+    # Offline (fs=None), or on a file system whose answers are frozen per generation: built objects
+    # by (path, blob, created, cluster.yaml blob, checks, task-source present), each with the
+    # file system's generation it was built in (a hit needs the same one; a file's object of
+    # another generation is replaced), and the ClusterSpec by cluster.yaml blob, so that unchanged
+    # objects (and their memoised spec hashes, see reconciler.spec.hashing) are reused as they are
+    # by the next load.
+    built: dict[tuple[object, ...], tuple[object, ModelSpec | TaskSpec | None, list[Issue]]] = field(
+        default_factory=dict
+    )
     clusters: dict[str, ClusterSpec] = field(default_factory=dict)
     keys: dict[str, tuple[ObjectKey | None, str | None]] = field(default_factory=dict)
 
@@ -104,12 +108,11 @@ class ParseCache:
         self.weights[key] = weight
         self.bytes += weight
 
-    def keep_basis(self, cluster_blob: str | None, checks: tuple[int | None, int | None], generation: object) -> None:
-        """Forget the built objects of another cluster.yaml, checks or file-system generation:
-        their keys are never looked up again (a generation only grows), and a daemon starts one
-        every timer tick."""
-        if any(k[3] != cluster_blob or k[4] != checks or k[6] != generation for k in self.built):
-            keep = {k for k in self.built if k[3] == cluster_blob and k[4] == checks and k[6] == generation}
+    def keep_basis(self, cluster_blob: str | None, checks: tuple[int | None, int | None]) -> None:
+        """Forget the built objects of another cluster.yaml or checks: their keys are not looked
+        up again until cluster.yaml or the checks change back."""
+        if any(k[3] != cluster_blob or k[4] != checks for k in self.built):
+            keep = {k for k in self.built if k[3] == cluster_blob and k[4] == checks}
             self.keep_only(set(self.entries), keep)
 
     def keep_only(self, entries: set[tuple[str, str]], built: set[tuple[object, ...]]) -> None:
@@ -213,18 +216,19 @@ def load(
         doc, file_issues = _parse_checked(file, KIND_OF_FOLDER[key.kind + "s"], cache)
         when = created.get(file.path, default_time)
         memo: tuple[object, ...] | None = None
-        # Offline, or a file system whose answers are frozen per generation (CachedFS): then
-        # the built object is a pure function of the key, and unchanged files are not rebuilt.
+        # Offline, or a file system whose answers are frozen per generation (reconciler.fscache):
+        # then the built object is a pure function of the key and the generation, and unchanged
+        # files are not rebuilt.
         generation = getattr(fs, "generation", None)
         if (fs is None or generation is not None) and doc is not None:
             source = doc.data.get("source")
             has_task = isinstance(source, str) and source.startswith("task:") and (key.user, source[5:]) in task_names
-            # The layout ParseCache.keep_basis reads: (path, blob, when, cluster blob, checks, has_task, generation).
-            memo = (file.path, file.blob, when, cluster_blob, checks, has_task, generation)
+            # The layout ParseCache.keep_basis reads: (path, blob, when, cluster blob, checks, has_task).
+            memo = (file.path, file.blob, when, cluster_blob, checks, has_task)
             used.append(memo)
             built = cache.built.get(memo)
-            if built is not None:
-                spec, file_issues = built
+            if built is not None and built[0] == generation:
+                _, spec, file_issues = built
                 if isinstance(spec, ModelSpec):
                     state.models[key] = spec
                 elif isinstance(spec, TaskSpec):
@@ -250,7 +254,10 @@ def load(
                 file_issues = [*schema_issues, Issue(file.path, 0, f"internal error while loading: {exc!r}")]
             if memo is not None:
                 built_spec = state.models.get(key) or state.tasks.get(key)
-                cache.remember(cache.built, memo, (built_spec, file_issues), _weight(file))
+                if memo in cache.built:  # the object of another generation: it would never be a hit again
+                    cache.built[memo] = (generation, built_spec, file_issues)
+                else:
+                    cache.remember(cache.built, memo, (generation, built_spec, file_issues), _weight(file))
         if file_issues:
             state.invalid[key] = file_issues
             issues.extend(file_issues)

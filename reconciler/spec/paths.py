@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from typing import Protocol
+from typing import Protocol, cast
 
 from reconciler.errors import PathError as PathError  # raised here; callers catch it from here
 from reconciler.spec.types import Paths
@@ -32,6 +32,26 @@ class FileSystem(Protocol):
     def mtime(self, path: str) -> float: ...
 
     def read_text(self, path: str) -> str | None: ...
+
+
+class ScopedFileSystem(FileSystem, Protocol):
+    """A file system that remembers its answers and knows which user folder asked each
+    (implemented in reconciler.fscache). ``scope(folder)`` answers on behalf of one user folder's
+    load (None: of what every folder depends on); the view's ``generation`` changes exactly when
+    an answer it may have given changed (generations compare by equality only).
+    ``generation_of(folder)`` is that generation now; ``changed`` moves whenever some folder's
+    generation does."""
+
+    changed: int
+
+    def scope(self, folder: str | None) -> FileSystem: ...
+
+    def generation_of(self, folder: str | None) -> object: ...
+
+
+def scoped(fs: FileSystem | None) -> ScopedFileSystem | None:
+    """Return ``fs`` when it is a :class:`ScopedFileSystem`, else None."""
+    return cast(ScopedFileSystem, fs) if callable(getattr(fs, "scope", None)) else None
 
 
 def _inside(path: str, root: str) -> bool:

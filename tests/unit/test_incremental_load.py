@@ -203,9 +203,9 @@ def test_a_push_reloads_only_the_folder_it_changed() -> None:
 
 
 def test_the_cache_keeps_one_generation_of_built_objects() -> None:
-    """Every timer tick starts a new file-system generation and rebuilds every object: the
-    objects built for the last generation (or cluster.yaml) can never be hit again and go,
-    instead of piling up to the cache's bound (at 10,000 objects, ~10 MB a tick)."""
+    """A file system without scopes that starts a new generation has every object rebuilt: the
+    objects built for the last generation are replaced and those of the last cluster.yaml go,
+    instead of piling up to the cache's bound (at 10,000 objects, ~10 MB a generation)."""
     spec: dict[str, object] = {
         "cluster": "plain",
         "files": [
