@@ -94,10 +94,20 @@ class _Seen:
     live: dict[ObjectKey, ActualModel]
     runs: dict[ObjectKey, list[ActualJob]]
     stopping: frozenset[str]
-    actions: dict[ObjectKey, list[Action]]
+    actions: dict[ObjectKey, list[Action]] | None  # None: the planner's own plan (see _actions_of)
     done: frozenset[ObjectKey]
     first_seen: dict[ObjectKey, int]
     preempted: dict[ObjectKey, ObjectKey]
+
+
+def _moved_values(new: Mapping[ObjectKey, int], old: Mapping[ObjectKey, int]) -> set[ObjectKey]:
+    """Keys whose value differs between ``new`` and ``old`` (present in one only included), by
+    C-level passes over the two (hashable values: admission times)."""
+    if new == old:
+        return set()
+    out = {k for k, _v in new.items() - old.items()}
+    out.update(old.keys() - new.keys())
+    return out
 
 
 def _mark(marks: set[ObjectKey], key: ObjectKey, on: bool) -> None:
@@ -183,6 +193,15 @@ class IncrementalPlanner:
         self._live: set[ObjectKey] = set()
         self._sourced: set[ObjectKey] = set()
         self._ran: set[ObjectKey] = set()
+        # What the last plan made, for the assessment of that very plan: the plan, its list of
+        # actions, the objects whose actions may differ from the plan before it, and the
+        # admitted and guarded actions by object (the rest of an object's actions are its step's).
+        self._planned: tuple[Plan, list[Action]] | None = None
+        self._acted: set[ObjectKey] = set()
+        self._extra: dict[ObjectKey, list[tuple[SortKey, Action]]] = {}
+        self._assessed_serial = 0  # the serial of the desired state the statuses were assessed on
+        self._plans = 0  # how many plans this planner made
+        self._assessed_plan = -1  # which of them the statuses were assessed on (-1: another plan)
         self._status_order: list[ObjectKey] = []
         self._status_keys: set[ObjectKey] = set()
 
@@ -216,6 +235,7 @@ class IncrementalPlanner:
         if not desired.cluster_valid:  # nothing is planned per object: the full planner's few lines
             self.recomputed = 0
             self._serial = 0
+            self._planned = None
             return full_plan(desired, actual, capacity, first_seen=first_seen, now=now)
         capacity = capacity if capacity is not None else actual.capacity
         seen = first_seen if first_seen is not None else actual.first_seen
@@ -233,6 +253,8 @@ class IncrementalPlanner:
         follows = desired.changed is not None and self._serial != 0 and desired.changed[0] == self._serial
         moved = desired.changed[1] if follows and desired.changed is not None else None
         self._serial = 0  # until this plan is made whole
+        self._planned = None
+        self._acted = set(self._extra)  # the last plan's admitted and guarded actions' objects
         self._plan_models(desired, actual, runs, removed, added, moved)
         self._plan_tasks(desired, actual, runs, removed, added, moved)
         self._resort(removed, added)
@@ -255,6 +277,12 @@ class IncrementalPlanner:
         extra.extend((_sort_key(a, _GUARDED, i), a) for i, a in enumerate(guard(desired, actual, deletions, result)))
         result.actions = self._merged(extra)
         self._serial = desired.serial
+        self._extra = {}
+        for pair in extra:
+            self._extra.setdefault(pair[1].key, []).append(pair)
+        self._acted.update(self._extra)
+        self._planned = (result, result.actions)
+        self._plans += 1
         return result
 
     def _plan_models(
@@ -370,6 +398,7 @@ class IncrementalPlanner:
         added: list[tuple[SortKey, Action]],
     ) -> None:
         self.recomputed += 1
+        self._acted.add(key)
         if old is not None:
             self._drop(phase, key, old, removed)
         added.extend((_sort_key(a, phase, i), a) for i, a in enumerate(new.out))
@@ -380,6 +409,7 @@ class IncrementalPlanner:
             self._busy[phase].add(key)
 
     def _drop(self, phase: int, key: ObjectKey, old: Step, removed: list[SortKey]) -> None:
+        self._acted.add(key)
         removed.extend(_sort_key(a, phase, i) for i, a in enumerate(old.out))
         for marks in (self._waiting, self._deleting, self._busy):
             marks[phase].discard(key)
@@ -439,9 +469,14 @@ class IncrementalPlanner:
     ) -> dict[ObjectKey, ObjectStatus]:
         keys = desired.keys() | set(actual.models) | {j.key for j in actual.jobs if j.active}
         self._reorder(keys)
-        by_key: dict[ObjectKey, list[Action]] = {}
-        for action in plan.actions:
-            by_key.setdefault(action.key, []).append(action)
+        # The plan this planner just made (and nothing changed it since): each object's actions are
+        # its step's and its admitted or guarded ones, and only the objects it acted on may differ.
+        planned = self._planned is not None and self._planned[0] is plan and self._planned[1] is plan.actions
+        by_key: dict[ObjectKey, list[Action]] | None = None
+        if not planned:
+            by_key = {}
+            for action in plan.actions:
+                by_key.setdefault(action.key, []).append(action)
         runs = runs_by_key(actual)
         seen = _Seen(
             dict(desired.models),
@@ -456,30 +491,55 @@ class IncrementalPlanner:
             dict(actual.preempted),
         )
         last, self._seen = self._seen, seen
+        follows = desired.changed is not None and self._assessed_serial != 0
+        follows = follows and desired.changed is not None and desired.changed[0] == self._assessed_serial
+        self._assessed_serial = 0
         memo = self._statuses
         if last is None:
             dirty = set(keys)
         else:
             # Everything a status reads (object_status), source by source: only these keys change.
-            dirty = _moved(seen.models, last.models, same_object=True)
-            dirty |= _moved(seen.tasks, last.tasks, same_object=True)
-            dirty |= seen.invalid ^ last.invalid
+            if follows and desired.changed is not None:  # the change feed names the specs that moved
+                dirty = set(desired.changed[1])
+            else:
+                dirty = _moved(seen.models, last.models, same_object=True)
+                dirty |= _moved(seen.tasks, last.tasks, same_object=True)
+                dirty |= seen.invalid ^ last.invalid
             dirty |= _moved(seen.live, last.live)
             dirty |= _moved(seen.runs, last.runs)
             if seen.stopping != last.stopping:
                 dirty |= seen.runs.keys() | last.runs.keys()
-            dirty |= _moved(seen.actions, last.actions)
+            if seen.actions is not None and last.actions is not None:
+                dirty |= _moved(seen.actions, last.actions)
+            elif planned and self._assessed_plan == self._plans - 1:  # the plan after the one assessed
+                dirty |= self._acted
+            elif not (planned and self._assessed_plan == self._plans):  # else: the same plan again
+                dirty |= keys
             dirty |= seen.done ^ last.done
-            dirty |= _moved(seen.first_seen, last.first_seen)
+            dirty |= _moved_values(seen.first_seen, last.first_seen)
             dirty |= _moved(seen.preempted, last.preempted)
             dirty |= keys - memo.keys()
         self.reassessed = 0
         for key in dirty & keys:
             self.reassessed += 1
             done = key in seen.done
-            memo[key] = object_status(key, desired, actual, by_key.get(key, []), done, runs.get(key, []), plan)
+            actions = by_key.get(key, []) if by_key is not None else self._actions_of(key)
+            memo[key] = object_status(key, desired, actual, actions, done, runs.get(key, []), plan)
+        self._assessed_serial = desired.serial
+        self._assessed_plan = self._plans if planned else -1
         # Statuses are values: the memo's own are handed out (an amended one is a new value).
-        return {key: memo[key] for key in self._status_order}
+        order = self._status_order
+        return dict(zip(order, map(memo.__getitem__, order), strict=True))
+
+    def _actions_of(self, key: ObjectKey) -> list[Action]:
+        """``key``'s actions in the plan this planner made last, in the plan's order."""
+        pairs = list(self._extra.get(key, ()))
+        for phase, memo in ((_MODELS, self._models), (_TASKS, self._tasks)):
+            entry = memo.get(key)
+            if entry is not None:
+                pairs.extend((_sort_key(a, phase, i), a) for i, a in enumerate(entry.step.out))
+        pairs.sort(key=_first)
+        return [a for _, a in pairs]
 
     def _reorder(self, keys: set[ObjectKey]) -> None:
         """Keep the status keys sorted (the full assessment's order) and drop the memos of keys gone."""

@@ -70,11 +70,12 @@ class IncrementalLoader:
     _shared: dict[str, set[ObjectKey]] = field(default_factory=dict)
     _revision: str | None = None  # what the last load was of (``changed`` is relative to it)
     _serial: int = 0  # the serial of the last state returned (0: none since the last reset)
-    _moved: set[ObjectKey] = field(default_factory=set)  # objects of the folders dropped or added by a load
+    _moved: set[ObjectKey] = field(default_factory=set)  # objects a load may have changed (DesiredState.changed)
     # Folders with a file that has no creation time: its time is the commit's, which every
     # commit moves, so they are looked at on every load.
     _defaulted: set[str] = field(default_factory=set)
     _fs_changed: int | None = None  # the scoped file system's ``changed`` as of the last load
+    _gone: dict[str, _Folder] = field(default_factory=dict)  # folders a load dropped, until it ends
 
     def load(
         self,
@@ -115,6 +116,7 @@ class IncrementalLoader:
         follows = self._serial
         # A model that shared a name may lose or win it back by another folder's change.
         self._moved = {key for keys in self._shared.values() for key in keys}
+        self._gone = {}
         try:
             if self._cluster is None:
                 base = [cluster_file] if cluster_file is not None else []
@@ -153,6 +155,9 @@ class IncrementalLoader:
                 self._add(name, sigs, default_time, kw)
             if scopes is not None and fs_changed != self._fs_changed:
                 self._reload_changed(scopes, default_time, kw)
+            for folder in self._gone.values():  # not replaced
+                _note_moved(self._moved, folder, None)
+            self._gone = {}
             result = self._merge(revision, approve_prune)
         except Exception:
             self._reset()
@@ -191,7 +196,7 @@ class IncrementalLoader:
         generation = getattr(fs, "generation", None) if scopes is not None else None
         folder = _Folder(sigs, part.models, part.tasks, part.invalid, issues, generation)
         self._folders[name] = folder
-        self._moved.update(folder.models, folder.tasks, folder.invalid)
+        _note_moved(self._moved, self._gone.pop(name, None), folder)
         bisect.insort(self._order, name)
         for key, model in folder.models.items():
             for served in dict.fromkeys((model.served_name, model.alias)):
@@ -215,7 +220,7 @@ class IncrementalLoader:
 
     def _drop(self, name: str) -> None:
         folder = self._folders.pop(name)
-        self._moved.update(folder.models, folder.tasks, folder.invalid)
+        self._gone[name] = folder  # compared with what replaces it, if anything does (_add)
         del self._order[bisect.bisect_left(self._order, name)]
         for key, model in folder.models.items():
             for served in dict.fromkeys((model.served_name, model.alias)):
@@ -277,3 +282,16 @@ def _folder_files(
 
 def _path(file: SourceFile) -> str:
     return file.path
+
+
+def _note_moved(moved: set[ObjectKey], old: _Folder | None, new: _Folder | None) -> None:
+    """Add to ``moved`` the objects whose spec (by identity: unchanged files give the very same
+    objects), invalidity or issues differ between folder ``old`` and folder ``new``."""
+    if old is None or new is None:
+        for folder in (old, new):
+            if folder is not None:
+                moved.update(folder.models, folder.tasks, folder.invalid)
+        return
+    for table_old, table_new in ((old.models, new.models), (old.tasks, new.tasks)):
+        moved.update(k for k in table_old.keys() | table_new.keys() if table_old.get(k) is not table_new.get(k))
+    moved.update(k for k in old.invalid.keys() | new.invalid.keys() if old.invalid.get(k) != new.invalid.get(k))
