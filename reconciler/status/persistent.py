@@ -37,10 +37,11 @@ class PersistentMap(Mapping[K, V]):
     """``PersistentMap(mapping_or_pairs)``: a read-only mapping; :meth:`evolve` makes the next
     version. Equal to any mapping with the same items; pickles as its items."""
 
-    __slots__ = ("_buckets", "_len")
+    __slots__ = ("_buckets", "_len", "_mask")
 
     _buckets: list[dict[K, V]]  # never changed once the map is made; shared between versions
     _len: int
+    _mask: int  # a key's bucket is hash(key) & _mask
 
     def __init__(self, items: Mapping[K, V] | Iterable[tuple[K, V]] = ()) -> None:
         pairs = list(items.items() if isinstance(items, Mapping) else items)
@@ -49,8 +50,7 @@ class PersistentMap(Mapping[K, V]):
         mask = width - 1
         for key, value in pairs:
             buckets[hash(key) & mask][key] = value
-        self._buckets = buckets
-        self._len = sum(map(len, buckets))
+        self._buckets, self._len, self._mask = buckets, sum(map(len, buckets)), mask
 
     def evolve(self, changes: Mapping[K, V] | None = None, removed: Iterable[K] = ()) -> PersistentMap[K, V]:
         """Return this map with the keys of ``changes`` set to their values and the keys of
@@ -76,7 +76,7 @@ class PersistentMap(Mapping[K, V]):
             size += key not in bucket
             bucket[key] = value
         new = PersistentMap.__new__(PersistentMap)
-        new._buckets, new._len = buckets, size
+        new._buckets, new._len, new._mask = buckets, size, mask
         if size > 4 * len(buckets) * len(buckets):  # grown far past its width: rebucket (amortized O(1))
             return PersistentMap(new.items())
         return new
@@ -89,18 +89,18 @@ class PersistentMap(Mapping[K, V]):
         return out
 
     def __getitem__(self, key: K) -> V:
-        return self._buckets[hash(key) & (len(self._buckets) - 1)][key]
+        return self._buckets[hash(key) & self._mask][key]
 
     @overload
     def get(self, key: K, /) -> V | None: ...
     @overload
     def get(self, key: K, default: V | D, /) -> V | D: ...
     def get(self, key: K, default: Any = None, /) -> Any:
-        return self._buckets[hash(key) & (len(self._buckets) - 1)].get(key, default)
+        return self._buckets[hash(key) & self._mask].get(key, default)
 
     def __contains__(self, key: object) -> bool:
         try:
-            return key in self._buckets[hash(key) & (len(self._buckets) - 1)]
+            return key in self._buckets[hash(key) & self._mask]
         except TypeError:  # unhashable: never a key
             return False
 
@@ -145,6 +145,15 @@ class _Keys(KeysView[K]):
     _mapping: PersistentMap[K, Any]
 
     def __sub__(self, other: Iterable[Any]) -> set[K]:
+        mine = self._mapping._buckets
+        if isinstance(other, _Keys) and len(other._mapping._buckets) == len(mine):
+            # Bucketed alike, a key can only be in the same bucket of the other: bucket by bucket,
+            # and a bucket both versions share differs in nothing.
+            out: set[K] = set()
+            for a, b in zip(mine, other._mapping._buckets, strict=True):
+                if a is not b:
+                    out.update(a.keys() - b.keys())
+            return out
         return set(self).difference(other)
 
     def __rsub__(self, other: Iterable[Any]) -> set[Any]:

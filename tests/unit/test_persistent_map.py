@@ -39,6 +39,9 @@ def test_every_version_equals_a_dict_changed_the_same_way(start: dict[Any, int],
         assert pm.get("absent key", -1) == -1 and [] not in pm
         other = [*list(model)[:3], "absent key"]
         assert pm.keys() - other == model.keys() - other and other - pm.keys() == other - model.keys()
+        for first, first_model in (versions[0], versions[-1]):  # other versions: bucketed alike or not
+            assert pm.keys() - first.keys() == model.keys() - first_model.keys()
+            assert first.keys() - pm.keys() == first_model.keys() - model.keys()
         assert pickle.loads(pickle.dumps(pm)) == model
 
 
