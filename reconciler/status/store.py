@@ -7,6 +7,10 @@ the next commit, reads only the paths ``git diff-tree`` names between the two (O
 cold start (or a commit git cannot diff against, a rewritten branch) lists the tree once. It
 holds one commit's files, never a history. The status writer hands it what it just committed
 (:meth:`StatusStore.adopt`), so its own commits are never read back and there is one cache.
+A snapshot is never changed (a page request may still render an older one): the next shares
+all but what changed with it (:class:`~reconciler.status.persistent.PersistentMap`, no copy of
+every document per commit), and names the snapshot it follows and the paths that changed since
+(``since``, ``changed``), so a consumer that follows the store (the page's rows) does O(changed).
 
 Every reader goes through it: the page and its API (the branch tip, redacted), ``argus
 status`` and the demo (one-off), the trusted one-off read (:func:`reconciler.status.trust.
