@@ -479,7 +479,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
         docs = {p: d for p, d in docs.items() if p == prefix + ".yaml" or p.startswith(prefix + "/")}
     if args.format == "json":
-        print(json.dumps(docs, indent=2, default=str))
+        print(json.dumps({p: docs[p] for p in sorted(docs)}, indent=2, default=str))
         return 1 if stale else 0
     rows = [("OBJECT", "STATE", "SYNC", "ENDPOINT/JOB", "UPDATED")]
     for path in sorted(docs):

@@ -7,6 +7,10 @@ the next commit, reads only the paths ``git diff-tree`` names between the two (O
 cold start (or a commit git cannot diff against, a rewritten branch) lists the tree once. It
 holds one commit's files, never a history. The status writer hands it what it just committed
 (:meth:`StatusStore.adopt`), so its own commits are never read back and there is one cache.
+A snapshot is never changed (a page request may still render an older one): the next shares
+all but what changed with it (:class:`~reconciler.status.persistent.PersistentMap`, no copy of
+every document per commit), and names the snapshot it follows and the paths that changed since
+(``since``, ``changed``), so a consumer that follows the store (the page's rows) does O(changed).
 
 Every reader goes through it: the page and its API (the branch tip, redacted), ``argus
 status`` and the demo (one-off), the trusted one-off read (:func:`reconciler.status.trust.
@@ -29,6 +33,7 @@ import yaml
 from reconciler import git
 from reconciler.errors import GitError
 from reconciler.redact import redact_tree
+from reconciler.status.persistent import PersistentMap
 
 # libyaml's C parser is ten times faster; the documents are the daemon's own output.
 _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -46,6 +51,11 @@ class StatusSnapshot:
     top of the tree, parsed (``actual.json`` and any revision file as mappings, ``README.md`` as
     text); ``blobs``: path -> blob id of every file in the commit; ``error``: why the branch could
     not be read (then everything else is empty). Never changed once made.
+
+    ``since`` and ``changed``: the tip of the snapshot the store held before this one, and every
+    path where this one's files differ from it (added, changed, removed; a path the writer wrote
+    again with the same content may be named too); both None when the store read this commit in
+    full. A consumer that last saw the snapshot at ``since`` need look only at ``changed``.
     """
 
     tip: str | None
@@ -54,6 +64,8 @@ class StatusSnapshot:
     read_at: float = 0.0
     error: str | None = None
     blobs: Mapping[str, str] = field(default_factory=dict)
+    since: str | None = None
+    changed: frozenset[str] | None = None
 
     @property
     def actual(self) -> Mapping[str, Any]:
@@ -125,7 +137,11 @@ class StatusStore:
         self.blobs_read = 0  # how many blobs were parsed in total (tests and the bench read it)
         self._lock = threading.Lock()
         self._snapshot = StatusSnapshot(tip=None)
-        self._files: dict[str, tuple[str, Any]] = {}  # path -> (blob id, parsed content) at the tip
+        # path -> (blob id, parsed content) at the tip: changed in place (only under the lock, and
+        # only once every read a move needs succeeded); the snapshot's maps are never changed.
+        self._files: dict[str, tuple[str, Any]] = {}
+        self._docs: PersistentMap[str, Mapping[str, Any]] = PersistentMap()
+        self._blobs: PersistentMap[str, str] = PersistentMap()
         self._notes: dict[tuple[str, str], str | None] = {}
 
     def tip(self) -> str | None:
@@ -150,7 +166,7 @@ class StatusStore:
         with self._lock:
             head = commit or self.tip()
             if head is None:  # no branch (deleted): nothing is held
-                self._snapshot, self._files = StatusSnapshot(tip=None, read_at=time.time()), {}
+                self._forget()
                 return self._snapshot
             if head != self._snapshot.tip:
                 self._advance(head)
@@ -173,18 +189,12 @@ class StatusStore:
         Returns the snapshot. Raises GitError when a file must be read and cannot."""
         with self._lock:
             old = self._files if self._snapshot.tip is not None else {}
-            files = dict(old)
-            docs, root = dict(self._snapshot.docs), dict(self._snapshot.root)
-            changed: list[str] = []
             if paths is not None and parent is not None and self._snapshot.tip == parent:
                 gone = [p for p in paths if p not in blobs and p in old]
                 looked: Mapping[str, str] = {p: blobs[p] for p in paths if p in blobs}
             else:
                 gone, looked = list(old.keys() - blobs.keys()), blobs
-            for path in gone:
-                del files[path]
-                docs.pop(path, None)
-                root.pop(path, None)
+            files: dict[str, tuple[str, Any]] = {}
             missing: dict[str, str] = {}
             for path, blob in looked.items():
                 have = old.get(path)
@@ -194,20 +204,18 @@ class StatusStore:
                         value = redact_tree(value, self.redact)
                     if have is None or have[0] != blob or have[1] is not value:
                         files[path] = (blob, value)
-                        changed.append(path)
                 elif have is None or have[0] != blob:
                     missing[path] = blob
             read = self._read_blobs(sorted(set(missing.values())), missing)
             for path, blob in missing.items():
                 files[path] = (blob, read.get(blob))
-                changed.append(path)
-            for path in changed:
-                docs.pop(path, None)
-                root.pop(path, None)
-                _place(docs, root, path, files[path][1])
-            self._files = files
-            self._snapshot = StatusSnapshot(tip=commit, docs=docs, root=root, read_at=time.time(), blobs=dict(blobs))
+            self._move(commit, files, gone)
             return self._snapshot
+
+    def _forget(self) -> None:
+        """Hold nothing: the branch does not exist (or could not be listed)."""
+        self._snapshot = StatusSnapshot(tip=None, read_at=time.time())
+        self._files, self._docs, self._blobs = {}, PersistentMap(), PersistentMap()
 
     def _advance(self, head: str) -> None:
         old = self._snapshot.tip
@@ -216,7 +224,7 @@ class StatusStore:
         listing = git.probe(self.repo, "ls-tree", "-r", "-z", head)
         if listing.returncode != 0:
             why = listing.stderr.decode(errors="replace").strip()
-            self._snapshot, self._files = StatusSnapshot(tip=None, read_at=time.time()), {}
+            self._forget()
             raise GitError(f"cannot list {self.branch} at {head[:12]}: {why}", ("ls-tree",), listing.returncode, why)
         entries: dict[str, str] = {}
         for row in listing.stdout.split(b"\0"):
@@ -232,7 +240,8 @@ class StatusStore:
         root: dict[str, Any] = {}
         for path, (_blob, value) in self._files.items():
             _place(docs, root, path, value)
-        self._snapshot = StatusSnapshot(tip=head, docs=docs, root=root, read_at=time.time(), blobs=entries)
+        self._docs, self._blobs = PersistentMap(docs), PersistentMap(entries)
+        self._snapshot = StatusSnapshot(tip=head, docs=self._docs, root=root, read_at=time.time(), blobs=self._blobs)
 
     def _advance_by_diff(self, old: str, head: str) -> bool:
         """Move from ``old`` to ``head`` reading only the paths that differ. False when git cannot
@@ -251,28 +260,52 @@ class StatusStore:
             path = decode_path(raw_path)
             if parts[4].startswith(b"D") or parts[1] == b"160000":  # a gitlink is no file (as in _advance)
                 deleted.append(path)
-            else:
-                changed[path] = parts[3].decode()
-        # Copies of the previous maps (C-speed for 10,000 entries), then only the differences.
-        files = dict(self._files)
-        docs = dict(self._snapshot.docs)
-        root = dict(self._snapshot.root)
-        blobs = dict(self._snapshot.blobs)
-        for path in deleted:
-            files.pop(path, None)
-            docs.pop(path, None)
-            root.pop(path, None)
-            blobs.pop(path, None)
+            elif self._blobs.get(path) != (blob := parts[3].decode()):  # not a change of mode alone
+                changed[path] = blob
         values = self._read_blobs(sorted(set(changed.values())), changed)
-        for path, blob in changed.items():
-            files[path] = (blob, values.get(blob))
-            blobs[path] = blob
-            docs.pop(path, None)
-            root.pop(path, None)
-            _place(docs, root, path, values.get(blob))
-        self._files = files
-        self._snapshot = StatusSnapshot(tip=head, docs=docs, root=root, read_at=time.time(), blobs=blobs)
+        self._move(head, {path: (blob, values.get(blob)) for path, blob in changed.items()}, deleted)
         return True
+
+    def _move(self, head: str, files: Mapping[str, tuple[str, Any]], removed: Collection[str]) -> None:
+        """Hold ``head``: the held commit's files with ``files`` (path -> (blob id, parsed
+        content)) set and ``removed`` gone. Only what they touch is changed (O(changed)); the
+        snapshot names them as what changed since the one it follows."""
+        gone = [p for p in removed if p in self._files and p not in files]
+        before = self._snapshot
+        root: Mapping[str, Any] = before.root
+        root_changes: dict[str, Any] = {}
+        doc_changes: dict[str, Mapping[str, Any]] = {}
+        doc_removed: list[str] = []
+        for path in gone:
+            del self._files[path]
+            doc_removed.append(path)
+            if path in root:
+                root_changes[path] = _ABSENT
+        self._files.update(files)
+        for path, (_blob, value) in files.items():
+            slot = _slot(path, value)
+            if slot == "doc":
+                doc_changes[path] = value
+            else:
+                doc_removed.append(path)
+            if slot == "root":
+                root_changes[path] = value
+            elif path in root:
+                root_changes[path] = _ABSENT
+        if root_changes:  # a new map (a handful of files) so the last snapshot's stays as it was
+            root = {p: v for p, v in {**root, **root_changes}.items() if v is not _ABSENT}
+        self._docs = self._docs.evolve(doc_changes, doc_removed)
+        self._blobs = self._blobs.evolve({path: blob for path, (blob, _v) in files.items()}, gone)
+        since = before.tip
+        self._snapshot = StatusSnapshot(
+            tip=head,
+            docs=self._docs,
+            root=root,
+            read_at=time.time(),
+            blobs=self._blobs,
+            since=since,
+            changed=frozenset([*gone, *files]) if since is not None else None,
+        )
 
     def _read_blobs(self, blobs: list[str], paths: Mapping[str, str]) -> dict[str, Any]:
         """Parse ``blobs``, read in one ``git cat-file --batch`` (streamed: a file over
@@ -316,15 +349,26 @@ class StatusStore:
         return text
 
 
-def _place(docs: dict[str, Mapping[str, Any]], root: dict[str, Any], path: str, value: Any) -> None:
-    """File ``path``'s parsed ``value`` as an object document, a root file, or nothing (a name
-    that is not UTF-8 is never an object's)."""
+_ABSENT = object()  # a root file removed (in _move's changes)
+
+
+def _slot(path: str, value: Any) -> str | None:
+    """Where file ``path`` with parsed ``value`` belongs: ``"doc"`` (an object document),
+    ``"root"`` (a file at the top of the tree) or None (neither; a name that is not UTF-8 is never
+    an object's)."""
     if not path.isascii() and not _is_text(path):
-        return
+        return None
     if path.startswith("users/"):
-        if isinstance(value, Mapping) and _is_object_path(path):
-            docs[path] = value
-    elif "/" not in path:
+        return "doc" if isinstance(value, Mapping) and _is_object_path(path) else None
+    return "root" if "/" not in path else None
+
+
+def _place(docs: dict[str, Mapping[str, Any]], root: dict[str, Any], path: str, value: Any) -> None:
+    """File ``path``'s parsed ``value`` as an object document, a root file, or nothing (:func:`_slot`)."""
+    slot = _slot(path, value)
+    if slot == "doc":
+        docs[path] = value
+    elif slot == "root":
         root[path] = value
 
 

@@ -25,6 +25,7 @@ from reconciler.redact import redact, redact_tree
 from reconciler.source.remote import RepoSource, tracking_ref
 from reconciler.status.branch import TreeWriter, hash_blobs, tip, write_note
 from reconciler.status.documents import ReadmeRows, dump, dump_json, object_document, readme, readme_row
+from reconciler.status.persistent import evolved
 from reconciler.status.store import StatusSnapshot, StatusStore
 from reconciler.status.trust import StatusTrust
 
@@ -209,7 +210,7 @@ class StatusWriter:
                 docs[key.path] = doc
             docs = {path: self._safe(dict(unsafe)) for path, unsafe in docs.items()}
             changed = {path: dump(doc) for path, doc in docs.items()}
-            blobs = {**view.blobs, **hash_blobs(self.source.repo.path, changed)}
+            blobs = evolved(view.blobs, hash_blobs(self.source.repo.path, changed))
             message = self.redact("argus: submitting " + ", ".join(sid for _key, sid, _hash in runs) + "\n")
             try:
                 commit = self._trees.commit(self.branch, blobs, message, parent, view.blobs, expected, changed=changed)
@@ -409,10 +410,7 @@ class StatusWriter:
         # The commit differs from its parent only at ``touched``: the tree and the store are
         # updated there alone (O(changed), not O(objects)).
         touched = list(dict.fromkeys([*changed, *removed, *strays]))
-        blobs = dict(known_blobs)
-        for path in (*removed, *strays):
-            blobs.pop(path, None)
-        blobs.update(hash_blobs(repo, changed))
+        blobs = evolved(known_blobs, hash_blobs(repo, changed), (*removed, *strays))
         subject = f"argus: {len(transitions)} transition(s) at {(report.revision or 'unknown')[:12]}"
         message = self.redact(subject + ("\n\n" + "\n".join(transitions) if transitions else "") + "\n")
         commit = self._trees.commit(self.branch, blobs, message, parent, known_blobs, expected, changed=touched)

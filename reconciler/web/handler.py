@@ -159,9 +159,10 @@ def build_handler(
             return cache[key]
 
     def derive(snap: StatusSnapshot) -> Derived:
-        # A new commit changes a few documents: only their rows move (view.Overview); the
-        # copies below are what requests rendering an older commit keep (C-speed list copies).
-        overview_rows.update(snap.docs)
+        # A new commit changes a few documents: only their rows move (view.Overview, from the
+        # paths the store says changed); the copies below are what requests rendering an older
+        # commit keep (C-speed list copies).
+        overview_rows.follow(snap.tip, snap.docs, snap.since, snap.changed)
         if not held or held[0][0] is not snap.actual:
             held[:] = [(snap.actual, view.held_capacity(snap.actual))]
         return Derived(

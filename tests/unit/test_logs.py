@@ -7,6 +7,7 @@ followed in tests/e2e/test_web_page.py.
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -141,6 +142,20 @@ def test_status_text_shows_failed_runs_and_warns_when_stale(tmp_path: Path, caps
     assert main(["status", "--repo", str(clone)]) == 1
     out = capsys.readouterr()
     assert "FAILED" in out.out and "may be stale" in out.err
+
+
+def test_status_json_is_every_document_by_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``argus status --format json``: an object of path -> document, in path order (the store's
+    map is no dict and iterates in no particular order)."""
+    origin = tmp_path / "origin.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(origin)], check=True)
+    files = {f"users/{u}/tasks/{n}.yaml": task_doc(u, n) for u in ("zed", "ann", "bob") for n in ("b", "a")}
+    commit_files(str(origin), {path: dump(doc) for path, doc in files.items()})
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(origin), str(clone)], check=True, capture_output=True)
+    assert main(["status", "--repo", str(clone), "--format", "json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert list(shown) == sorted(files) and shown == json.loads(json.dumps(files, default=str))
 
 
 def test_the_deployed_spec_of_a_run_hides_secret_values() -> None:

@@ -14,7 +14,7 @@ from reconciler.plan.assess import ObjectStatus
 from reconciler.source.remote import open_source
 from reconciler.spec.types import ObjectKey
 from reconciler.status import store as store_module
-from reconciler.status.store import StatusStore
+from reconciler.status.store import StatusSnapshot, StatusStore
 from reconciler.status.writer import StatusReport, StatusWriter
 from reconciler.testing.status_branch import commit_files, dump, model_doc, task_doc
 
@@ -119,3 +119,82 @@ def test_a_name_that_is_not_utf8_is_never_served(repo: str) -> None:
     store = StatusStore(repo, BRANCH)
     assert list(store.documents()) == [A]
     assert len(store.read().blobs) == 2  # held (the writer writes back exactly what it read)
+
+
+def _differs(old: StatusSnapshot, new: StatusSnapshot) -> frozenset[str]:
+    """The paths whose file two full reads show different (added, changed or removed)."""
+    return frozenset(p for p in old.blobs.keys() | new.blobs.keys() if old.blobs.get(p) != new.blobs.get(p))
+
+
+def _fresh(repo: str, commit: str) -> StatusSnapshot:
+    return StatusStore(repo, BRANCH).read(commit)
+
+
+def test_a_snapshot_names_the_paths_that_changed_since_the_one_before(repo: str) -> None:
+    """What a consumer following the store touches (O(changed)) is what full re-reads show changed:
+    a change, an addition, a deletion, a root file, an older commit, a forced push, a pruned tip."""
+    C = "users/carol/models/x.yaml"
+    first = commit_files(repo, {A: dump(model_doc("alice", "chat")), B: dump(task_doc("bob", "train"))})
+    store = StatusStore(repo, BRANCH)
+    one = store.read()
+    assert (one.since, one.changed) == (None, None)  # read in full: no change feed
+    commit_files(repo, {A: dump(model_doc("alice", "chat", "FAILED")), B: None, C: dump(model_doc("carol", "x"))})
+    two = store.read()
+    assert two.since == first and two.changed == _differs(_fresh(repo, first), _fresh(repo, two.tip or "")) == {A, B, C}
+    commit_files(repo, {"README.md": b"# status\n", A: dump(model_doc("alice", "chat", "FAILED"))})  # A: same bytes
+    three = store.read()
+    assert three.since == two.tip and three.changed == {"README.md"} and three.root["README.md"] == "# status\n"
+    assert two.root == {} and B not in two.blobs and C in two.docs, "an older snapshot is never changed"
+    back = store.read(first)  # an older commit: the store moves back by the same diff
+    assert back.since == three.tip and back.changed == _differs(three, _fresh(repo, first)) == {A, B, C, "README.md"}
+    assert dict(back.docs) == dict(one.docs)
+    store.read()
+    # A forced push: a commit that does not descend from the tip; the old tip is still there to diff.
+    old_tip = store.read().tip or ""
+    git.run(repo, "update-ref", "-d", f"refs/heads/{BRANCH}")
+    rewritten = commit_files(repo, {B: dump(task_doc("bob", "train", "QUEUED")), "actual.json": b"{}"})
+    forced = store.read()
+    assert forced.tip == rewritten and forced.since == old_tip
+    assert (
+        forced.changed
+        == _differs(_fresh(repo, old_tip), _fresh(repo, rewritten))
+        == {A, B, C, "README.md", "actual.json"}
+    )
+    assert dict(forced.docs) == dict(_fresh(repo, rewritten).docs) and dict(forced.root) == {"actual.json": {}}
+    # Rewritten again, and the tip the store holds pruned: it cannot diff, it reads in full.
+    git.run(repo, "update-ref", "-d", f"refs/heads/{BRANCH}")
+    commit_files(repo, {A: dump(model_doc("alice", "chat"))})
+    git.run(repo, "reflog", "expire", "--expire=now", "--all")
+    git.run(repo, "gc", "-q", "--prune=now")
+    assert git.probe(repo, "cat-file", "-e", rewritten).returncode != 0
+    full = store.read()
+    assert (full.since, full.changed) == (None, None) and list(full.docs) == [A]
+
+
+def test_an_adopted_commit_names_the_paths_that_changed(repo: str) -> None:
+    """adopt(): fed the paths (O(changed)) or comparing every file (its parent is not what the store
+    holds), the snapshot names what a full re-read shows changed since the store's last one."""
+    C = "users/carol/models/x.yaml"
+    first = commit_files(repo, {A: dump(model_doc("alice", "chat")), B: dump(task_doc("bob", "train"))})
+    second = commit_files(
+        repo, {A: dump(model_doc("alice", "chat", "FAILED")), B: None, C: dump(model_doc("carol", "x"))}
+    )
+    third = commit_files(repo, {"README.md": b"# status\n", C: None})
+
+    def blobs(commit: str) -> dict[str, str]:
+        return dict(_fresh(repo, commit).blobs)
+
+    store = StatusStore(repo, BRANCH)
+    assert store.read(first).tip == first
+    values = {A: model_doc("alice", "chat", "FAILED"), C: model_doc("carol", "x")}
+    fed = store.adopt(second, blobs(second), values, parent=first, paths=[A, B, C])
+    assert fed.since == first and fed.changed == _differs(_fresh(repo, first), _fresh(repo, second)) == {A, B, C}
+    assert dict(fed.docs) == dict(_fresh(repo, second).docs) and store.blobs_read == 2
+    # Its parent is not the commit the store holds (first, not second): every file is compared.
+    store.read(first)
+    compared = store.adopt(third, blobs(third), {"README.md": "# status\n"}, parent=second, paths=["README.md", C])
+    assert compared.since == first and compared.changed == _differs(_fresh(repo, first), _fresh(repo, third))
+    assert compared.changed == {A, B, "README.md"} and dict(compared.docs) == dict(_fresh(repo, third).docs)
+    # A store that holds nothing yet: the adopted commit is all new, no change feed.
+    empty = StatusStore(repo, BRANCH).adopt(second, blobs(second), values, parent=first, paths=[A, B, C])
+    assert (empty.since, empty.changed) == (None, None) and dict(empty.docs) == dict(_fresh(repo, second).docs)
