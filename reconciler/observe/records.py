@@ -18,6 +18,7 @@ from reconciler.observe.jobs import checkpoint_of
 from reconciler.observe.runs import preemptions, recorded_runs
 from reconciler.plan.actual import ActualJob
 from reconciler.spec.types import ObjectKey, Paths
+from reconciler.status.persistent import PersistentMap
 
 
 @dataclass
@@ -30,9 +31,16 @@ class _Reading:
 
 @dataclass
 class StatusRecords:
-    """Readings of the status documents by path: one per document of the last call (pruned to them)."""
+    """Readings of the status documents by path: one per document of the last call (pruned to them).
+
+    Told by the status store's persistent map which documents a commit changed
+    (:meth:`~reconciler.status.persistent.PersistentMap.changed_since` the map of the last call),
+    it reads only those: a tick costs the documents that changed and the runs and preemptions on
+    record, not a pass over every document."""
 
     _readings: dict[str, _Reading] = field(default_factory=dict)
+    _docs: Mapping[str, Mapping[str, Any]] | None = None  # the documents of the last call
+    _holding: set[str] = field(default_factory=set)  # paths whose reading has runs or preemptions
 
     def size(self) -> int:
         """How many documents' readings are kept."""
@@ -47,17 +55,36 @@ class StatusRecords:
         checkpoints: MutableMapping[str, str | None],
     ) -> tuple[list[ActualJob], frozenset[str], dict[ObjectKey, ObjectKey]]:
         """Return what ``recorded_runs(docs, paths, skip=skip, memo=checkpoints)`` and
-        ``preemptions(docs)`` return (the runs, the preempted ids, who preempted whom)."""
-        readings = self._readings
-        runs: list[ActualJob] = []
-        sids: set[str] = set()
-        by: dict[ObjectKey, ObjectKey] = {}
-        for path, doc in docs.items():
+        ``preemptions(docs)`` return (the runs, in the order of their documents' paths; the
+        preempted ids; who preempted whom)."""
+        readings, holding = self._readings, self._holding
+        changed = _changed(docs, self._docs)
+        if changed is None:
+            changed = set(docs)
+            for path in [p for p in readings if p not in docs]:
+                del readings[path]
+                holding.discard(path)
+        self._docs = docs
+        for path in changed:
+            doc = docs.get(path)
+            if doc is None:
+                readings.pop(path, None)
+                holding.discard(path)
+                continue
             reading = readings.get(path)
             if reading is None or reading.doc is not doc:
                 one = {path: doc}
                 preempted, preempted_by = preemptions(one)
                 reading = readings[path] = _Reading(doc, recorded_runs(one, None), preempted, preempted_by)
+            if reading.runs or reading.preempted or reading.preempted_by:
+                holding.add(path)
+            else:
+                holding.discard(path)
+        runs: list[ActualJob] = []
+        sids: set[str] = set()
+        by: dict[ObjectKey, ObjectKey] = {}
+        for path in sorted(holding):
+            reading = readings[path]
             for job in reading.runs:
                 if job.submission_id in skip:
                     continue
@@ -71,6 +98,12 @@ class StatusRecords:
                 runs.append(job)
             sids |= reading.preempted
             by.update(reading.preempted_by)
-        if len(readings) > len(docs):
-            self._readings = {p: r for p, r in readings.items() if p in docs}
         return runs, frozenset(sids), by
+
+
+def _changed(docs: Mapping[str, Mapping[str, Any]], last: Mapping[str, Mapping[str, Any]] | None) -> set[str] | None:
+    """The paths whose document differs between ``last`` and ``docs``, when the store's persistent
+    maps can tell (None: every path must be looked at)."""
+    if last is None or not isinstance(docs, PersistentMap):
+        return None
+    return docs.changed_since(last)

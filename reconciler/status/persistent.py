@@ -23,6 +23,7 @@ V = TypeVar("V")
 D = TypeVar("D")
 
 _MIN_WIDTH = 8
+_NONE: Any = object()  # a key's value where it is absent (no value is this object)
 
 
 def _width(n: int) -> int:
@@ -80,6 +81,19 @@ class PersistentMap(Mapping[K, V]):
         if size > 4 * len(buckets) * len(buckets):  # grown far past its width: rebucket (amortized O(1))
             return PersistentMap(new.items())
         return new
+
+    def changed_since(self, other: Mapping[K, V]) -> set[K] | None:
+        """The keys whose value is not the very same object in ``other`` (present in one only
+        included), when ``other`` is a version of this map with the same buckets: only the
+        buckets the two do not share are compared (O(changed x n / w + w)). None when ``other``
+        is any other mapping (then the caller compares everything)."""
+        if not isinstance(other, PersistentMap) or len(other._buckets) != len(self._buckets):
+            return None
+        out: set[K] = set()
+        for mine, theirs in zip(self._buckets, other._buckets, strict=True):
+            if mine is not theirs:
+                out.update(k for k in mine.keys() | theirs.keys() if mine.get(k, _NONE) is not theirs.get(k, _NONE))
+        return out
 
     def to_dict(self) -> dict[K, V]:
         """Return a plain dict of the same items (C-speed, bucket by bucket)."""
