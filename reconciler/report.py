@@ -18,7 +18,6 @@ from reconciler.builders.resolved import resolved_spec
 from reconciler.dashboard import Dashboard, DashboardError
 from reconciler.errors import ArgusError
 from reconciler.observe.jobs import job_log_tail
-from reconciler.plan.actions import ActionType
 from reconciler.plan.actual import FINAL_JOB_STATES
 from reconciler.server import Metrics
 from reconciler.spec.types import ModelSpec, ObjectKey, TaskSpec
@@ -229,24 +228,24 @@ class Reporter:
 
     def _log_actions(self, result: TickResult) -> None:
         # The last line logged per object is kept for objects that still exist, no longer.
-        acting = {a.key for a in result.plan.actions if a.type is not ActionType.KEEP}
+        changes = result.plan.changes
+        acting = {a.key for a in changes}
         for key in [k for k in self._logged if k not in result.statuses and k not in acting]:
             del self._logged[key]
         applied = result.applied  # a set built from the outcomes: once, not once per action
-        for action in result.plan.actions:
-            if action.type is not ActionType.KEEP:
-                line = json.dumps(
-                    {
-                        "event": action.type.value,
-                        "object": str(action.key),
-                        "reason": action.reason,
-                        "applied": action.key in applied,
-                        "revision": result.revision[:12],
-                    }
-                )
-                if self._logged.get(action.key) != line:
-                    log.info(self.redact(line))
-                    self._logged[action.key] = line
+        for action in changes:
+            line = json.dumps(
+                {
+                    "event": action.type.value,
+                    "object": str(action.key),
+                    "reason": action.reason,
+                    "applied": action.key in applied,
+                    "revision": result.revision[:12],
+                }
+            )
+            if self._logged.get(action.key) != line:
+                log.info(self.redact(line))
+                self._logged[action.key] = line
 
     def _count(self, result: TickResult) -> None:
         counts: dict[tuple[str, str], int] = {}

@@ -118,6 +118,12 @@ class Plan:
         """Deletions (and stops) the mass-deletion guard holds back."""
         return [a for a in self.actions if a.type is ActionType.KEEP and a.held]
 
+    @property
+    def changes(self) -> list[Action]:
+        """The actions other than KEEP, in the plan's order (at scale, a few among many KEEPs)."""
+        actions = self.actions
+        return [actions[i] for i in self._changing()]
+
     def of(self, *types: ActionType) -> list[Action]:
         """The actions of ``types``, in the plan's order."""
         if ActionType.KEEP in types:
