@@ -196,7 +196,7 @@ class IncrementalPlanner:
         # What the last plan made, for the assessment of that very plan: the plan, its list of
         # actions, the objects whose actions may differ from the plan before it, and the
         # admitted and guarded actions by object (the rest of an object's actions are its step's).
-        self._planned: tuple[Plan, list[Action]] | None = None
+        self._planned: tuple[Plan, list[Action], int] | None = None
         self._acted: set[ObjectKey] = set()
         self._extra: dict[ObjectKey, list[tuple[SortKey, Action]]] = {}
         self._assessed_serial = 0  # the serial of the desired state the statuses were assessed on
@@ -281,7 +281,7 @@ class IncrementalPlanner:
         for pair in extra:
             self._extra.setdefault(pair[1].key, []).append(pair)
         self._acted.update(self._extra)
-        self._planned = (result, result.actions)
+        self._planned = (result, result.actions, len(result.actions))
         self._plans += 1
         return result
 
@@ -471,7 +471,8 @@ class IncrementalPlanner:
         self._reorder(keys)
         # The plan this planner just made (and nothing changed it since): each object's actions are
         # its step's and its admitted or guarded ones, and only the objects it acted on may differ.
-        planned = self._planned is not None and self._planned[0] is plan and self._planned[1] is plan.actions
+        made = self._planned
+        planned = made is not None and made[0] is plan and made[1] is plan.actions and made[2] == len(plan.actions)
         by_key: dict[ObjectKey, list[Action]] | None = None
         if not planned:
             by_key = {}

@@ -340,7 +340,8 @@ class GitRepo:
         if self._listed_at == commit and len(base) > len(self._listed) + 1024:
             # Paths deleted since are never asked for again (a re-added file is a new add).
             base = {p: t for p, t in base.items() if p in self._listed}
-        self._created_moved = (self._created_at if rev_range != commit else None, set(added))
+        moved_from = self._created_at if rev_range != commit else None
+        self._created_moved = (moved_from, set(added) if moved_from is not None else set())
         self._created, self._created_at = base, commit
         return base
 

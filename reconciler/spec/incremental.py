@@ -90,8 +90,10 @@ class IncrementalLoader:
         approve_prune: bool = False,
         changed: tuple[str, Collection[str]] | None = None,
     ) -> DesiredState:
-        """Return what ``load(files, ...)`` returns (with this loader's cache). A new object each
-        time: the caller may change it. Raises what :func:`load` raises (then nothing is kept).
+        """Return what ``load(files, ...)`` returns (with this loader's cache): a new object each
+        time, carrying the change feed (``serial``, ``changed``), so the caller must not change it
+        (a changed copy is made with ``dataclasses.replace``, which drops the feed). Raises what
+        :func:`load` raises (then nothing is kept).
 
         ``changed``: (a revision, the paths whose file or creation time differs between it and
         this one); when the revision is the one this loader loaded last, ``files`` must be in
@@ -165,6 +167,7 @@ class IncrementalLoader:
         self._serial = result.serial = next(_SERIALS)
         if follows and not rebased:
             result.changed = (follows, frozenset(self._moved))
+        self._moved = set()
         self._basis, self._revision, self._fs_changed = basis, revision, fs_changed
         if rebased:  # every folder was built again: what was built on the old basis is dead
             self.cache.keep_basis(cluster_file.blob if cluster_file else None, basis[3])
@@ -175,6 +178,7 @@ class IncrementalLoader:
     def _reset(self) -> None:
         self._basis, self._cluster, self._revision, self._defaulted, self._serial = None, None, None, set(), 0
         self._fs_changed = None
+        self._gone, self._moved = {}, set()
         self._folders, self._order, self._names, self._shared = {}, [], {}, {}
 
     def _add(self, name: str, sigs: dict[str, _Signature], default_time: int, kw: dict[str, Any]) -> None:

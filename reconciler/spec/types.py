@@ -292,8 +292,9 @@ class DesiredState:
     revision: str | None = None
     approve_prune: bool = False
     skipped: list[str] = field(default_factory=list)  # checks that did not run on it (said by the CLI)
-    serial: int = field(default=0, compare=False)
-    changed: tuple[int, frozenset[ObjectKey]] | None = field(default=None, compare=False)
+    # Not init fields: a state made from another (dataclasses.replace) is no longer the loader's.
+    serial: int = field(default=0, compare=False, init=False)
+    changed: tuple[int, frozenset[ObjectKey]] | None = field(default=None, compare=False, init=False)
 
     @property
     def object_count(self) -> int:

@@ -251,3 +251,18 @@ def test_the_change_feed_names_a_model_that_wins_its_served_name_back() -> None:
     assert (
         before is not None and before.changed is not None and ObjectKey("alice", "model", "bob-x") in before.changed[1]
     )
+
+
+def test_a_state_made_from_a_loaded_one_carries_no_change_feed() -> None:
+    """``dataclasses.replace`` (the tick's containment) makes a state the loader did not: a
+    planner must not take its objects as the feed says."""
+    import dataclasses
+
+    model = yaml.safe_dump({"kind": "Model", "source": "$HOME/m"}).encode()
+    loader = IncrementalLoader()
+    for n in range(2):
+        files, created = _files({"cluster": "plain", "files": [("alice", "models/m1.yaml", model, n)], "symlink": None})
+        state = loader.load(files, created=created, revision=f"r{n}")
+    assert state.serial and state.changed is not None
+    copy = dataclasses.replace(state, models={})
+    assert copy.serial == 0 and copy.changed is None
