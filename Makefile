@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.argus-installed
 
-.PHONY: demo test lint unit e2e venv clean sysdeps bench-compose bench-load bench-web bench-tick bench-memory bench-daemon bench-100k
+.PHONY: demo test lint unit e2e venv clean sysdeps bench-compose bench-load bench-web bench-tick bench-memory bench-daemon bench-router bench-100k
 
 venv: $(STAMP)
 
@@ -70,6 +70,11 @@ bench-memory: venv
 # Starts its own Ray head and two daemons (at 100,000 objects about 25 min on 2 shared cores).
 bench-daemon: venv
 	$(BENCH) bench/daemon_latency.py $(BENCH_ARGS)
+
+# argus's router against Ray Serve LLM's own ingress: idle CPU, the openai client and vLLM's benchmark
+# client at 1/8/32 concurrent (its own Ray head and the tiny model; about 15 min on 2 cores).
+bench-router: venv
+	$(BENCH) bench/router_vs_ray.py $(BENCH_ARGS)
 
 # Every 100,000-object figure of docs/benchmarks.md in one run (about an hour on 2 cores).
 bench-100k: venv

@@ -1,8 +1,9 @@
-"""A soak: 2,000 ticks of the real reconciler and reporter with objects coming and going.
+"""A soak: 2,000 push ticks of the real reconciler and reporter with objects coming and going.
 
-Every fifth tick sees a new commit of a real git repository (the others are timer ticks on the same
-commit, as the loop makes them): each adds a task and a model and deletes the oldest ones, so about
-30 objects live at any time while 800 pass through. Some tasks are refused by Ray for
+Every tick sees a new commit of a real git repository, read as the daemon reads it (its cached file
+system, so the loader and the planner follow the change feed), and every seventh is followed by a
+timer tick's refresh: each commit adds a task and a model and deletes the oldest ones, so about 30
+objects live at any time while 4,000 pass through. Some tasks are refused by Ray for
 good (HTTP 400), some fail for a while (HTTP 503, retried with back-off); jobs finish and print a
 log; a foreign job that claims to be argus's appears every tick and goes away later. Ray is the
 stand-in of ``fake_ray`` (a soak may use one: what is soaked is argus's own memory), and it forgets
@@ -26,6 +27,7 @@ import pytest
 import yaml
 
 from reconciler.dashboard import DashboardError
+from reconciler.fscache import CachedFS
 from reconciler.report import Reporter
 from reconciler.server.metrics import Metrics
 from reconciler.source.remote import open_source
@@ -38,7 +40,7 @@ TICKS = int(os.environ.get("ARGUS_SOAK_TICKS", "2000"))
 LIVE_TASKS = 20
 LIVE_MODELS = 10
 KEPT_JOBS = 20  # Ray's stand-in forgets jobs of tasks deleted this many commits ago
-TICKS_PER_COMMIT = 5
+TICKS_PER_COMMIT = 1
 
 
 def _fast_import(root: Path, ticks: int) -> tuple[str, list[str]]:
@@ -168,7 +170,7 @@ def test_two_thousand_ticks_keep_memory_flat(tmp_path: Path) -> None:
         source,
         "main",
         ray,
-        fs=AllowAll(),
+        fs=CachedFS(AllowAll()),
         secrets_env={},
         task_check=lambda t, c: [],
         model_check=lambda m, c: [],
