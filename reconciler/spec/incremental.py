@@ -171,7 +171,10 @@ class IncrementalLoader:
         self._basis, self._revision, self._fs_changed = basis, revision, fs_changed
         if rebased:  # every folder was built again: what was built on the old basis is dead
             self.cache.keep_basis(cluster_file.blob if cluster_file else None, basis[3])
-        if len(self.cache.entries) > 2 * len(files) + 1024 or len(self.cache.built) > 2 * len(files) + 1024:
+        # The bound a full load keeps (loader.load): a pass over the tree every n/8 + 64 new entries.
+        limit = len(files) + len(files) // 8 + 64
+        cache = self.cache
+        if len(cache.entries) > limit or len(cache.built) > limit or len(cache.keys) > limit:
             self._prune(files)
         return result
 
