@@ -11,7 +11,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from reconciler.builders.resolved import resolved_spec
@@ -19,6 +19,8 @@ from reconciler.dashboard import Dashboard, DashboardError
 from reconciler.errors import ArgusError
 from reconciler.observe.jobs import job_log_tail
 from reconciler.plan.actual import FINAL_JOB_STATES
+from reconciler.plan.assess import ObjectStatus
+from reconciler.plan.moved import moved
 from reconciler.server import Metrics
 from reconciler.spec.types import ModelSpec, ObjectKey, TaskSpec
 from reconciler.status.writer import StatusReport, StatusWriter
@@ -47,8 +49,13 @@ class Reporter:
     ) -> None:
         self.dash = dash
         self.secret_names = secret_names
-        # path -> (file blob, cluster, resolved spec): rebuilt only when the file or cluster.yaml changed.
-        self._resolved: dict[str, tuple[str | None, object, dict[str, Any]]] = {}
+        # path -> resolved spec, and the (cluster, models, tasks) it was resolved from: rebuilt only
+        # for the specs that changed (everything when cluster.yaml did).
+        self._resolved: dict[str, dict[str, Any]] = {}
+        self._specs: tuple[object, Mapping[ObjectKey, ModelSpec], Mapping[ObjectKey, TaskSpec]] | None = None
+        # The statuses counted last and their counts by (kind, state) (the metrics' gauge).
+        self._counted: Mapping[ObjectKey, ObjectStatus] = {}
+        self._counts: dict[tuple[str, str], int] = {}
         self.writer = writer
         self.metrics = metrics
         self.redact = redact
@@ -170,6 +177,7 @@ class Reporter:
             log_tails=self.log_tails,
             checkpoints={j.submission_id: j.hf_checkpoint for j in result.actual.runs()},
             actual=result.actual.to_json(),
+            first_seen=result.plan.first_seen,  # published in actual.json for PR plans
             spec_ids=result.spec_ids,
             subject=result.subject,
             daemon_error=self.daemon_error,
@@ -177,25 +185,30 @@ class Reporter:
         )
 
     def _resolve(self, result: TickResult) -> dict[str, dict[str, Any]]:
-        """path -> resolved spec of every loaded object; O(changed objects) after the first tick."""
-        cluster = result.desired.cluster
-        out: dict[str, dict[str, Any]] = {}
-        memo: dict[str, tuple[str | None, object, dict[str, Any]]] = {}
-        specs: list[ModelSpec | TaskSpec] = [*result.desired.models.values(), *result.desired.tasks.values()]
-        for spec in specs:
-            path = spec.key.path
-            blob = result.spec_ids.get(path)
-            known = self._resolved.get(path)
-            if known is not None and known[0] == blob and blob is not None and known[1] is cluster:
-                memo[path] = known
-            else:
-                try:
-                    memo[path] = (blob, cluster, resolved_spec(spec, cluster, secret_names=self.secret_names))
-                except Exception as exc:  # one object's derivation must not stop the report
-                    log.error("resolving %s failed", spec.key, exc_info=exc)
-                    continue
-            out[path] = memo[path][2]
-        self._resolved = memo
+        """path -> resolved spec of every loaded object. Returns a new mapping (the last one is
+        handed to a writer and never changed). O(objects whose spec changed) after the first tick:
+        a resolved spec is a function of the spec and ``cluster.yaml`` alone, and a spec that did
+        not change is the very value the last load handed on."""
+        desired = result.desired
+        cluster = desired.cluster
+        last = self._specs
+        if last is None or last[0] is not cluster:
+            changed: set[ObjectKey] = {*desired.models, *desired.tasks}
+            out: dict[str, dict[str, Any]] = {}
+        else:
+            changed = moved(desired.models, last[1], same_object=True) | moved(desired.tasks, last[2], same_object=True)
+            out = dict(self._resolved)  # C-speed copy: the last one may be in a writer's hands
+        for key in changed:
+            spec: ModelSpec | TaskSpec | None = desired.models.get(key) or desired.tasks.get(key)
+            out.pop(key.path, None)
+            if spec is None:
+                continue
+            try:
+                out[key.path] = resolved_spec(spec, cluster, secret_names=self.secret_names)
+            except Exception as exc:  # one object's derivation must not stop the report
+                log.error("resolving %s failed", key, exc_info=exc)
+        self._specs = (cluster, dict(desired.models), dict(desired.tasks))  # copies: C-speed
+        self._resolved = out
         return out
 
     def _fetch_log_tails(self, result: TickResult) -> None:
@@ -248,9 +261,21 @@ class Reporter:
                 self._logged[action.key] = line
 
     def _count(self, result: TickResult) -> None:
-        counts: dict[tuple[str, str], int] = {}
-        for st in result.statuses.values():
-            counts[(st.key.kind, st.state)] = counts.get((st.key.kind, st.state), 0) + 1
-        self.metrics.set_objects(counts)
+        """Objects by (kind, state) for the metrics: only the statuses that moved since the last
+        count are counted again (statuses are values handed on while unchanged)."""
+        statuses, last = result.statuses, self._counted
+        counts = self._counts
+        for key in moved(statuses, last, same_object=True):
+            was, now = last.get(key), statuses.get(key)
+            if was is not None:
+                bucket = (was.key.kind, was.state)
+                counts[bucket] -= 1
+                if not counts[bucket]:
+                    del counts[bucket]
+            if now is not None:
+                bucket = (now.key.kind, now.state)
+                counts[bucket] = counts.get(bucket, 0) + 1
+        self._counted = dict(statuses)  # a copy (C-speed): a caller may change its mapping in place
+        self.metrics.set_objects(dict(counts))
         if not result.failures and result.commit_time:
             self.metrics.last_applied_commit_time = float(result.commit_time)

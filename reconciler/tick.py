@@ -183,7 +183,6 @@ def decide(
         None if planner is None else (lambda d: planner.plan(d, actual, first_seen=first_seen, now=now)),
     )
     order = order.after(plan.first_seen, revision.spec_ids)
-    actual = replace(actual, first_seen=plan.first_seen)  # published in actual.json for PR plans
     return Planned(plan, desired, actual, order, memory)
 
 

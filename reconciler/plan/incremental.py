@@ -30,12 +30,12 @@ from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any
 
 from reconciler.plan.actions import Action, Plan
 from reconciler.plan.actual import ActualJob, ActualModel, ActualState, Capacity
 from reconciler.plan.admission import Candidate, admit
 from reconciler.plan.assess import ObjectStatus, object_status
+from reconciler.plan.moved import moved
 from reconciler.plan.planner import (
     Order,
     Step,
@@ -100,34 +100,11 @@ class _Seen:
     preempted: dict[ObjectKey, ObjectKey]
 
 
-def _moved_values(new: Mapping[ObjectKey, int], old: Mapping[ObjectKey, int]) -> set[ObjectKey]:
-    """Keys whose value differs between ``new`` and ``old`` (present in one only included), by
-    C-level passes over the two (hashable values: admission times)."""
-    if new == old:
-        return set()
-    out = {k for k, _v in new.items() - old.items()}
-    out.update(old.keys() - new.keys())
-    return out
-
-
 def _mark(marks: set[ObjectKey], key: ObjectKey, on: bool) -> None:
     if on:
         marks.add(key)
     else:
         marks.discard(key)
-
-
-def _moved(new: Mapping[ObjectKey, Any], old: Mapping[ObjectKey, Any], *, same_object: bool = False) -> set[ObjectKey]:
-    """Keys whose value differs between ``new`` and ``old`` (present in one only included).
-    ``same_object``: only the very object counts as unchanged (specs: ``==`` takes 1 for true)."""
-    if same_object:
-        out = {k for k, v in new.items() if old.get(k) is not v}
-    elif new == old:  # in C, each value by identity first: the common case costs little
-        return set()
-    else:
-        out = {k for k, v in new.items() if k not in old or old[k] != v}
-    out.update(old.keys() - new.keys())
-    return out
 
 
 class _Asking:
@@ -503,22 +480,22 @@ class IncrementalPlanner:
             if follows and desired.changed is not None:  # the change feed names the specs that moved
                 dirty = set(desired.changed[1])
             else:
-                dirty = _moved(seen.models, last.models, same_object=True)
-                dirty |= _moved(seen.tasks, last.tasks, same_object=True)
+                dirty = moved(seen.models, last.models, same_object=True)
+                dirty |= moved(seen.tasks, last.tasks, same_object=True)
                 dirty |= seen.invalid ^ last.invalid
-            dirty |= _moved(seen.live, last.live)
-            dirty |= _moved(seen.runs, last.runs)
+            dirty |= moved(seen.live, last.live)
+            dirty |= moved(seen.runs, last.runs)
             if seen.stopping != last.stopping:
                 dirty |= seen.runs.keys() | last.runs.keys()
             if seen.actions is not None and last.actions is not None:
-                dirty |= _moved(seen.actions, last.actions)
+                dirty |= moved(seen.actions, last.actions)
             elif planned and self._assessed_plan == self._plans - 1:  # the plan after the one assessed
                 dirty |= self._acted
             elif not (planned and self._assessed_plan == self._plans):  # else: the same plan again
                 dirty |= keys
             dirty |= seen.done ^ last.done
-            dirty |= _moved_values(seen.first_seen, last.first_seen)
-            dirty |= _moved(seen.preempted, last.preempted)
+            dirty |= moved(seen.first_seen, last.first_seen)
+            dirty |= moved(seen.preempted, last.preempted)
             dirty |= keys - memo.keys()
         self.reassessed = 0
         for key in dirty & keys:

@@ -8,8 +8,10 @@ hold them yet. Every function returns a new value and never changes its argument
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from itertools import compress
 
 from reconciler.spec.hashing import parse_submission_id
 from reconciler.spec.types import ObjectKey
@@ -41,9 +43,10 @@ class AdmissionOrder:
         """This order without the objects whose file changed since they were placed
         (``spec_ids``: path -> blob). An edited file starts over in line: a user cannot hold a
         place in the queue with a file that asked for nothing and then ask for more."""
-        # The (path, blob) pairs recorded that the tree does not hold (C: one pass, no Python per object).
-        moved = self.seen_blob.items() - spec_ids.items()
-        keys = (key_of_path(p) for p, _b in moved if p in spec_ids)
+        # The paths recorded at a blob the tree does not hold (C: one pass, no Python per object).
+        recorded = self.seen_blob
+        moved = compress(recorded, map(operator.ne, map(spec_ids.get, recorded), recorded.values()))
+        keys = (key_of_path(p) for p in moved if p in spec_ids)
         edited = [key for key in keys if key is not None and key in self.first_seen]
         if not edited:
             return self

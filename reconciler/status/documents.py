@@ -209,15 +209,19 @@ def dump(doc: Mapping[str, Any]) -> bytes:
     return text.encode("utf-8", "backslashreplace")  # a lone surrogate the redaction missed: escaped, not raised
 
 
-def dump_json(data: Any) -> bytes:
+def dump_json(data: Any, raw: Mapping[str, str] | None = None) -> bytes:
     """Machine-read files (``actual.json``): the C JSON encoder, one list entry per line so that
-    a change shows as a small diff."""
+    a change shows as a small diff. ``raw``: members already serialised (name -> JSON text),
+    placed in the same sorted order (and in place of ``data``'s member of that name)."""
     if not isinstance(data, Mapping):
         return (json.dumps(data, sort_keys=True) + "\n").encode()
+    raw = raw or {}
     parts = []
-    for name in sorted(data):
-        value = data[name]
-        if isinstance(value, list) and value:
+    for name in sorted({*data, *raw}):
+        value = data.get(name)
+        if name in raw:
+            parts.append(f"{json.dumps(name)}: {raw[name]}")
+        elif isinstance(value, list) and value:
             inner = ",\n  ".join(json.dumps(v, sort_keys=True) for v in value)
             parts.append(f"{json.dumps(name)}: [\n  {inner}\n ]")
         else:

@@ -9,11 +9,13 @@ built upon, never overwritten.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
+from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +23,8 @@ from reconciler import git
 from reconciler.errors import ConcurrentWrite
 from reconciler.plan.actions import ActionType, Plan
 from reconciler.plan.assess import ObjectStatus
+from reconciler.plan.memory import key_of_path
+from reconciler.plan.moved import moved
 from reconciler.redact import redact, redact_tree
 from reconciler.source.remote import RepoSource, tracking_ref
 from reconciler.status.branch import TreeWriter, hash_blobs, tip, write_note
@@ -59,10 +63,126 @@ class StatusReport:
     checkpoints: Mapping[str, str | None] = field(default_factory=dict)
     source_error: str | None = None
     actual: Mapping[str, Any] | None = None  # ActualState.to_json(), published for `argus plan --actual`
+    # Object -> when the daemon first saw it (the plan's admission times), published in
+    # actual.json beside ``actual`` as its ``first_seen`` (kept apart: a push moves one entry of it).
+    first_seen: Mapping[Any, int] | None = None
     spec_ids: Mapping[str, str] = field(default_factory=dict)
     resolved: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # path -> resolved spec
     subject: str = ""
     daemon_error: str | None = None
+
+
+@dataclass(frozen=True)
+class _Fed:
+    """What a report's documents are made of, beside each object's status: comparing it with the
+    last report adopted names the objects whose document may differ (the rest are not looked at)."""
+
+    statuses: Mapping[Any, ObjectStatus]
+    spec_ids: Mapping[str, str]
+    resolved: Mapping[str, Mapping[str, Any]]
+    applied: frozenset[Any]
+    failed: frozenset[Any]
+    tails: frozenset[str]
+    checkpoints: Mapping[str, str | None]
+
+    @classmethod
+    def of(cls, report: StatusReport) -> _Fed:
+        # Copies (C-speed): a caller may hand the same mapping again, changed in place.
+        return cls(
+            dict(report.statuses),
+            dict(report.spec_ids),
+            dict(report.resolved),
+            frozenset(report.applied_keys),
+            frozenset(report.failed_keys),
+            frozenset(report.log_tails),  # the reporter adds tails to its mapping in place
+            dict(report.checkpoints),
+        )
+
+    def moved_since(self, old: _Fed, with_runs: set[Any]) -> set[Any]:
+        """The objects whose document inputs may differ from ``old``'s (a superset: each is
+        compared again by its whole signature), present in either. ``with_runs``: the objects
+        whose statuses hold runs (a log tail or a checkpoint is an input of theirs only)."""
+        keys = moved(self.statuses, old.statuses, same_object=True)
+        keys |= self.applied ^ old.applied
+        keys |= self.failed ^ old.failed
+        paths = moved(self.spec_ids, old.spec_ids) | moved(self.resolved, old.resolved, same_object=True)
+        keys.update(k for k in map(key_of_path, paths) if k is not None)
+        if self.tails != old.tails or moved(self.checkpoints, old.checkpoints):
+            keys |= with_runs
+        return keys
+
+
+class _SeenTable:
+    """``actual.json``'s ``first_seen``: when the daemon first saw each object, one entry per
+    object (100,000 at the largest scale measured), of which a push changes one or two. Kept as
+    one redacted JSON fragment per entry in the order ``json.dumps(sort_keys=True)`` gives, and
+    updated only where the table moved; the file's text and its parsed value are assembled from
+    them in C (a join and a dict copy)."""
+
+    def __init__(self) -> None:
+        self.source: Mapping[Any, Any] = {}
+        self._entries: dict[Any, tuple[str, Any]] = {}  # object -> its redacted (key, value)
+        self._fragments: dict[str, str] = {}  # redacted key -> '"key": value'
+        self._values: dict[str, Any] = {}  # redacted key -> value (the parsed table)
+        self._order: list[str] = []  # the redacted keys, sorted
+        self._text: str | None = "{}"
+        self._collided = False
+        self.version = 0  # moves with every change of the table
+
+    def update(self, table: Mapping[Any, Any], redact: Callable[[str], str]) -> bool:
+        """Follow ``table`` (object -> epoch seconds). Returns whether the table moved."""
+        changed = moved(table, self.source)
+        self.source = table
+        if not changed:
+            return False
+        self._text = None
+        self.version += 1
+        if not self._collided and len(changed) <= max(1024, len(self._entries) // 8):
+            self._apply(changed, table, redact)
+        if self._collided or len(changed) > max(1024, len(self._entries) // 8):
+            # Two objects whose names redact alike share one entry, the first in ``table``'s
+            # order: rare, and then the table is rebuilt whole.
+            self._entries, self._fragments, self._values, self._order = {}, {}, {}, []
+            self._collided = False
+            self._apply(table.keys(), table, redact)
+        return True
+
+    def _apply(self, keys: Iterable[Any], table: Mapping[Any, Any], redact: Callable[[str], str]) -> None:
+        fresh: list[str] = []
+        for key in keys:
+            old = self._entries.pop(key, None)
+            if old is not None and old[0] in self._fragments:
+                del self._fragments[old[0]], self._values[old[0]]
+                del self._order[bisect_left(self._order, old[0])]
+            if key not in table:
+                continue
+            name, value = next(iter(redact_tree({str(key): table[key]}, redact).items()))
+            self._entries[key] = (name, value)
+            if name in self._fragments:
+                self._collided = True
+                continue
+            self._fragments[name] = f"{json.dumps(name)}: {json.dumps(value, sort_keys=True, default=str)}"
+            self._values[name] = value
+            fresh.append(name)
+        if len(fresh) > 64:
+            self._order = sorted(self._fragments)
+        else:
+            for name in fresh:
+                insort(self._order, name)
+
+    def text(self) -> str:
+        """The table as ``json.dumps(..., sort_keys=True)`` writes it."""
+        if self._text is None:
+            self._text = "{" + ", ".join(map(self._fragments.__getitem__, self._order)) + "}"
+        return self._text
+
+    def value(self) -> dict[str, Any]:
+        """The table as a reader parses it (a new dict: snapshots hold it)."""
+        return {name: self._values[name] for name in self._order} if self._order else {}
+
+
+def _path(key: Any) -> str:
+    return str(key.path)
 
 
 def default_redaction(text: str) -> str:
@@ -99,12 +219,21 @@ class StatusWriter:
     _tip: str | None = None
     _rows: ReadmeRows = field(default_factory=ReadmeRows)
     _inputs: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    # What the last report adopted was made of (None: the next write looks at every object), the
+    # objects whose document must be looked at again whatever moved (recorded runs, a failed
+    # build), and the objects with runs (a log tail or checkpoint arriving concerns only them).
+    _fed: _Fed | None = None
+    _unfed: set[Any] = field(default_factory=set)
+    _with_runs: set[Any] = field(default_factory=set)
     _store_: StatusStore | None = None
     _last_actual: Mapping[str, Any] | None = None
     _written: dict[str, bytes] = field(default_factory=dict)  # README.md / revision.yaml as last written
     # actual.json's list entries as last redacted (their JSON -> the redacted entry): only entries
     # that changed are redacted again. Holds the last write's entries only.
     _actual_entries: dict[Any, Any] = field(default_factory=dict)
+    # actual.json's first_seen (StatusReport.first_seen), and its version last adopted.
+    _seen: _SeenTable = field(default_factory=lambda: _SeenTable())
+    _seen_written: int = -1
     _lock: threading.RLock = field(default_factory=threading.RLock)
     _tree_writer: TreeWriter | None = None
     auth_key: bytes | None = None
@@ -225,6 +354,7 @@ class StatusWriter:
                         if self._tip == parent:
                             self._store.adopt(commit, blobs, docs, parent=parent, paths=changed)
                             self._tip = commit
+                            self._unfed.update(key for key, _sid, _hash in runs)
                             for path, recorded_doc in docs.items():  # rebuilt from the record next write
                                 self._inputs.pop(path, None)
                                 self._rows.update({path: readme_row(path, recorded_doc)})
@@ -294,7 +424,7 @@ class StatusWriter:
         the commit it read last), and what the writer derives from it is rebuilt."""
         docs = self._store.read(parent).docs if parent else {}
         self._rows = ReadmeRows({path: readme_row(path, doc) for path, doc in docs.items()})
-        self._inputs = {}
+        self._inputs, self._fed, self._unfed, self._with_runs = {}, None, set(), set()
         # What this writer last wrote is not what ``parent`` holds (another writer's commit):
         # the root files are compared with the branch again, never with our own last write.
         self._written, self._last_actual = {}, None
@@ -311,17 +441,38 @@ class StatusWriter:
             known_root = view.root.get(ROOT_FILE)
             # Copies (C-speed): record_runs, on the other thread, edits these under the lock.
             inputs, rows, known_written = dict(self._inputs), self._rows.copy(), dict(self._written)
-            last_actual = self._last_actual
+            last_actual, seen_written = self._last_actual, self._seen_written
+            fed, unfed, with_runs = self._fed, set(self._unfed), set(self._with_runs)
         built: dict[str, dict[str, Any]] = {}  # the documents that differ from the branch's
         transitions: list[str] = []
-        present: list[str] = []
         now = self.now()
         # Source unreadable or tick failed (no revision): every object's document is kept.
         statuses = {} if report.revision is None else report.statuses
         log_tails, checkpoints = report.log_tails, report.checkpoints
-        for key, st in statuses.items():
+        fed_now = None if report.revision is None else _Fed.of(report)
+        visit: Collection[Any]
+        removed: list[str] = []
+        if fed is not None and fed_now is not None:
+            visit = fed_now.moved_since(fed, with_runs) | unfed
+        else:  # every object: the first write, or on a commit this writer did not build
+            visit = statuses.keys()
+            with_runs = set()
+            present = set(map(_path, statuses))
+            if report.revision is not None:
+                removed = sorted(previous.keys() - present)
+        failed: set[Any] = set()
+        for key in visit:
             path = key.path
-            present.append(path)
+            st = statuses.get(key)
+            if st is None:  # gone since the last write
+                with_runs.discard(key)
+                if path in previous:
+                    removed.append(path)
+                continue
+            if st.runs:
+                with_runs.add(key)
+            else:
+                with_runs.discard(key)
             prev = previous.get(path)
             applied = (
                 key not in report.failed_keys
@@ -360,6 +511,7 @@ class StatusWriter:
             except Exception as exc:  # one object's document must not stop the others'
                 log.error("status document of %s failed", key, exc_info=exc)
                 inputs.pop(path, None)  # the last document stays (a new object has none yet)
+                failed.add(key)
                 continue
             inputs[path] = signature
             if prev is None or (prev.get("state"), prev.get("sync")) != (doc["state"], doc["sync"]):
@@ -367,14 +519,15 @@ class StatusWriter:
                 transitions.append(f"{key}: {before} -> {doc['state']}/{doc['sync']}")
             if prev != doc or path not in known_blobs:
                 built[path] = doc
-        removed = [] if report.revision is None else sorted(previous.keys() - set(present))
+        removed.sort()
         for path in removed:
             transitions.append(f"{path.removeprefix('users/').removesuffix('.yaml')}: removed")
             inputs.pop(path, None)
             rows.discard(path)
         # Files that are neither an object's document nor argus's own (a branch argus did not
         # write) are dropped.
-        strays = [p for p in known_blobs.keys() - previous.keys() if p not in ROOT_FILES]
+        # A commit this writer built holds no stray (each is dropped when first seen).
+        strays = [] if fed is not None else [p for p in known_blobs.keys() - previous.keys() if p not in ROOT_FILES]
         changed: dict[str, bytes] = {}
         for path, doc in built.items():
             try:
@@ -382,6 +535,7 @@ class StatusWriter:
             except Exception as exc:
                 log.error("status document %s cannot be written", path, exc_info=exc)
                 inputs.pop(path, None)
+                failed.update(k for k in (key_of_path(path),) if k is not None)
         written_docs = {path: built[path] for path in changed}
         rows.update({path: readme_row(path, doc) for path, doc in written_docs.items()})
         root = self._root_document(report, known_root if isinstance(known_root, dict) else {})
@@ -400,9 +554,17 @@ class StatusWriter:
         actual = report.actual if report.actual is not None else None
         actual_entries: dict[Any, Any] | None = None
         safe_actual: dict[str, Any] = {}
-        if actual is not None and (actual != last_actual or "actual.json" not in known_blobs):
+        if report.first_seen is not None:
+            self._seen.update(report.first_seen, self.redact)
+        seen_version = self._seen.version
+        if actual is not None and (
+            actual != last_actual or seen_version != seen_written or "actual.json" not in known_blobs
+        ):
             safe_actual, actual_entries = self._safe_actual(actual)
-            changed["actual.json"] = dump_json(safe_actual)
+            raw = {"first_seen": self._seen.text()} if self._seen.source else {}
+            changed["actual.json"] = dump_json(safe_actual, raw=raw)
+            if raw:
+                safe_actual["first_seen"] = self._seen.value()
         written = {p: changed[p] for p in ("README.md", ROOT_FILE)}
         for path in written:  # rebuilt every write (cheap): hashed only when they differ
             if known_written.get(path) == changed[path] and path in known_blobs:
@@ -427,9 +589,12 @@ class StatusWriter:
                     values["actual.json"] = safe_actual
                 self._store.adopt(str(now_at), blobs, values, parent=parent, paths=touched)
                 self._rows, self._inputs = rows, inputs
+                if fed_now is not None:
+                    self._fed, self._with_runs = fed_now, with_runs
+                    self._unfed = (self._unfed - unfed) | failed
                 self._written = written
                 if actual is not None:
-                    self._last_actual = actual
+                    self._last_actual, self._seen_written = actual, seen_version
                 if actual_entries is not None:
                     self._actual_entries = actual_entries
         return commit
@@ -441,12 +606,9 @@ class StatusWriter:
         return safe
 
     def _safe_actual(self, actual: Mapping[str, Any]) -> tuple[dict[str, Any], dict[Any, Any]]:
-        """``actual`` through :meth:`_safe`, list entry by list entry (and a large table entry by
-        entry), re-using the entries redacted by the last write that are unchanged (a tick changes
-        few jobs and few objects; the file holds them all). Returns (the redacted state, the entry
-        cache for the next write)."""
-        import json
-
+        """``actual`` through :meth:`_safe`, list entry by list entry, re-using the entries redacted
+        by the last write that are unchanged (a tick changes few jobs; the file holds them all).
+        Returns (the redacted state, the entry cache for the next write)."""
         with self._lock:
             known = self._actual_entries
         entries: dict[Any, Any] = {}
@@ -462,18 +624,6 @@ class StatusWriter:
         for name, value in actual.items():
             if isinstance(value, list):
                 out[self.redact(str(name))] = [cached(json.dumps(e, sort_keys=True, default=str), e) for e in value]
-            elif isinstance(value, dict) and len(value) > 64:
-                # A table by object (first_seen): entry by entry, each kept as its redacted pair.
-                table: dict[str, Any] = {}
-                for k, v in value.items():
-                    # type(v): 1, 1.0 and True are equal keys but different JSON.
-                    raw = (name, k, type(v), v) if isinstance(v, (str, int, float)) else json.dumps({k: v}, default=str)
-                    pair = entries.get(raw)
-                    if pair is None:
-                        pair = known[raw] if raw in known else next(iter(redact_tree({k: v}, self.redact).items()))
-                        entries[raw] = pair
-                    table[pair[0]] = pair[1]
-                out[self.redact(str(name))] = table
             else:
                 out[self.redact(str(name))] = redact_tree(value, self.redact)
         return out, entries

@@ -8,6 +8,11 @@ on the branch, what it holds and what it wrote equal a full recomputation. Real 
   commit: the tree built in deltas is the tree a full build makes.
 - The branch holds exactly one document per reported object (objects gone are removed, a stray
   file is dropped).
+- After every write, a writer started from nothing finds nothing to commit: the documents the
+  writer did not look at (their status the very value handed on, their file, log tail and
+  checkpoint unchanged) are the ones a full build leaves as they are. Statuses are handed on as
+  the tick hands them (the same value while unchanged), and a run's log tail can arrive later
+  than its status.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from reconciler.plan.actions import Plan
@@ -45,7 +50,10 @@ step = st.one_of(
     st.tuples(st.just("record"), st.sampled_from([k for k in KEYS if k.kind == "task"]), st.integers(1, 3)),
     st.tuples(st.just("other"), st.sampled_from(KEYS), st.sampled_from(STATES)),
     st.tuples(st.just("stray"), st.sampled_from(["users/alice/notes.txt", "junk.yaml", *ODD_NAMES]), st.just(0)),
+    st.tuples(st.just("tail"), st.sampled_from([k for k in KEYS if k.kind == "task"]), st.integers(0, 1)),
 )
+# One value per (object, state): a status unchanged is the very value the last tick handed on.
+_STATUSES: dict[tuple[ObjectKey, str], ObjectStatus] = {}
 
 
 def _repo(root: Path) -> tuple[Path, Path, str]:
@@ -54,13 +62,22 @@ def _repo(root: Path) -> tuple[Path, Path, str]:
 
 
 def _status(key: ObjectKey, state: str) -> ObjectStatus:
-    runs = (ActualJob(f"argus--{key.user}--{key.name}--0001", key, "h", state),) if key.kind == "task" else ()
-    return ObjectStatus(key, state, "Synced", reason=f"{state.lower()} now", runs=runs)
+    known = _STATUSES.get((key, state))
+    if known is None:
+        runs = (ActualJob(_sid(key), key, "h", state),) if key.kind == "task" else ()
+        known = _STATUSES[(key, state)] = ObjectStatus(key, state, "Synced", reason=f"{state.lower()} now", runs=runs)
+    return known
 
 
-def _report(sha: str, states: dict[ObjectKey, str], revision: int) -> StatusReport:
+def _sid(key: ObjectKey) -> str:
+    return f"argus--{key.user}--{key.name}--0001"
+
+
+def _report(
+    sha: str, states: dict[ObjectKey, str], revision: int, tails: dict[str, list[str]] | None = None
+) -> StatusReport:
     statuses = {k: _status(k, s) for k, s in sorted(states.items())}
-    actual: dict[str, Any] = {"jobs": [], "first_seen": {str(k): 1767225600 + revision for k in statuses}}
+    actual: dict[str, Any] = {"jobs": []}
     return StatusReport(
         sha,
         statuses,
@@ -70,6 +87,8 @@ def _report(sha: str, states: dict[ObjectKey, str], revision: int) -> StatusRepo
         [],
         spec_ids={k.path: f"blob-{revision}" for k in statuses},
         actual=actual,
+        first_seen={k: 1767225600 + revision for k in statuses},
+        log_tails=tails if tails is not None else {},
     )
 
 
@@ -87,18 +106,25 @@ def _same_as_a_fresh_read(writer: StatusWriter) -> None:
     assert dict(held.root) == dict(fresh.root)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(step, min_size=1, max_size=7))
+@example(steps=[("write", {KEYS[3]: "FAILED", KEYS[0]: "RUNNING"}, 0), ("tail", KEYS[3], 0)])  # a tail after its status
 def test_writes_in_deltas_equal_a_full_build(tmp_path_factory: Any, steps: list[tuple[Any, ...]]) -> None:
     root = tmp_path_factory.mktemp("delta")
     bare, work, sha = _repo(root)
     writer = _writer(bare, root / "cache")
     other = _writer(bare, root / "other")
     last: StatusReport | None = None
-    for kind, what, value in steps:
+    tails: dict[str, list[str]] = {}  # the reporter's: log tails arrive in place, between writes
+    for n, (kind, what, value) in enumerate(steps):
         if kind == "write":
-            last = _report(sha, what, value)
+            last = _report(sha, what, value, tails)
             writer.write(last)
+            assert _writer(bare, root / f"full{n}").write(last) is None, "a full build differs"
+        elif kind == "tail" and last is not None:
+            tails.setdefault(_sid(what), [f"line {value}"])  # the reporter fetches a run's tail once
+            writer.write(last)
+            assert _writer(bare, root / f"full{n}").write(last) is None, "a full build differs"
         elif kind == "record" and last is not None:
             assert writer.record_runs([(what, f"argus--{what.user}--{what.name}--{value:04d}", "h")])
         elif kind == "other" and last is not None:  # a second writer with this branch moves it
