@@ -121,7 +121,7 @@ class _SeenTable:
 
     def __init__(self) -> None:
         self.source: Mapping[Any, Any] = {}
-        self._entries: dict[Any, tuple[str, Any]] = {}  # object -> its redacted (key, value)
+        self._entries: dict[Any, str] = {}  # object -> its redacted key
         self._fragments: dict[str, str] = {}  # redacted key -> '"key": value'
         self._values: dict[str, Any] = {}  # redacted key -> value (the parsed table)
         self._order: list[str] = []  # the redacted keys, sorted
@@ -151,13 +151,13 @@ class _SeenTable:
         fresh: list[str] = []
         for key in keys:
             old = self._entries.pop(key, None)
-            if old is not None and old[0] in self._fragments:
-                del self._fragments[old[0]], self._values[old[0]]
-                del self._order[bisect_left(self._order, old[0])]
+            if old is not None and old in self._fragments:
+                del self._fragments[old], self._values[old]
+                del self._order[bisect_left(self._order, old)]
             if key not in table:
                 continue
             name, value = next(iter(redact_tree({str(key): table[key]}, redact).items()))
-            self._entries[key] = (name, value)
+            self._entries[key] = name
             if name in self._fragments:
                 self._collided = True
                 continue
@@ -177,8 +177,8 @@ class _SeenTable:
         return self._text
 
     def value(self) -> dict[str, Any]:
-        """The table as a reader parses it (a new dict: snapshots hold it)."""
-        return {name: self._values[name] for name in self._order} if self._order else {}
+        """The table as a reader parses it, in another order (a new dict: snapshots hold it)."""
+        return dict(self._values)
 
 
 def _path(key: Any) -> str:
@@ -660,7 +660,10 @@ class StatusWriter:
         if report.errors:
             lines += ["", "Validation errors (these objects were not changed):"] + [f"  {e}" for e in report.errors]
         if report.plan is not None:
-            shown = [a for a in report.plan.actions if a.type is not ActionType.KEEP or "guard" in a.reason]
+            plan = report.plan
+            # The changes (indexed: at scale a few among many KEEPs), and the deletions the guard held.
+            held = plan.deletions_held
+            shown = [a for a in plan.actions if a.type is not ActionType.KEEP or a.held] if held else plan.changes
             if shown:
                 lines += ["", "Actions:"] + [f"  {a.type.value} {a.key}: {a.reason}" for a in shown]
         extra = [n for n in report.notes if report.plan is None or n not in report.plan.notes]
