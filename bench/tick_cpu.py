@@ -123,6 +123,10 @@ def measure(root: Path, objects: int, pushes: int, profile: bool, timers: int = 
         loads.append(b - a)
         ticks.append(c - b)
         reports.append(d - c)
+        # Each push on its own: the first ones after a start also read back the first status
+        # commit's run records and run the first full collection (not steady state).
+        each = f"load {b - a:.3f} s, tick {c - b:.3f} s, report {d - c:.3f} s"
+        print(f"{objects:,} objects, push {i}: {each}", file=sys.stderr)
     if prof:
         out = io.StringIO()
         print(f"-- cProfile of one push tick at {objects:,} objects (after {pushes} measured ones)", file=sys.stderr)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -18,6 +19,7 @@ from typing import Any
 
 from reconciler.contain import culprits, raises
 from reconciler.errors import Issue
+from reconciler.source.git import Snapshot
 from reconciler.source.remote import RepoSource
 from reconciler.source.signatures import SignatureVerifier, SigningPolicy
 from reconciler.spec.incremental import IncrementalLoader
@@ -77,6 +79,7 @@ class RevisionReader:
             digest = hashlib.sha256(f"{source.url}\0{branch}".encode()).hexdigest()[:16]
             state_file = os.path.join(state_dir, f"trust-{digest}.json")
         self._verifier = SignatureVerifier(source.repo, self.signing, state_file)
+        self._ids: tuple[str | None, dict[str, str]] = (None, {})  # the last snapshot's spec ids
 
     def read(self, commit: str | None = None, *, fetch: bool = True) -> Revision:
         """Fetch (unless ``fetch`` is False) and read the branch head (or ``commit``).
@@ -112,10 +115,31 @@ class RevisionReader:
             desired=desired,
             commit_time=snap.commit_time,
             subject=snap.subject,
-            spec_ids={f.path: f.blob for f in snap.files if f.path.startswith("users/")},
+            spec_ids=self._spec_ids(snap),
             rejections=tuple(str(r) for r in trusted.rejections),
             trust_notes=tuple(notes),
         )
+
+    def _spec_ids(self, snap: Snapshot) -> dict[str, str]:
+        """path -> blob of every file under ``users/`` in ``snap``. Returns a new dict (a revision
+        keeps it): the last one patched at the paths the snapshot names as changed since the one
+        it follows, when that is the last one read (a full pass otherwise)."""
+        last_commit, last = self._ids
+        if snap.since is None or snap.changed is None or snap.since != last_commit:
+            ids = {f.path: f.blob for f in snap.files if f.path.startswith("users/")}
+        else:
+            ids = dict(last)  # C-speed
+            files = snap.files  # in path order
+            for path in snap.changed:
+                if not path.startswith("users/"):
+                    continue
+                at = bisect_left(files, path, key=_file_path)
+                if at < len(files) and files[at].path == path:
+                    ids[path] = files[at].blob
+                else:
+                    ids.pop(path, None)
+        self._ids = (snap.commit, ids)
+        return ids
 
     def refresh_fs(self) -> None:
         """Check remembered file-system answers again (the loop does it on timer ticks, not on
@@ -178,3 +202,7 @@ def _key_of(path: str) -> ObjectKey | None:
         return classify(path)[0]
     except Exception:
         return None
+
+
+def _file_path(file: SourceFile) -> str:
+    return file.path

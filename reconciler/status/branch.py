@@ -39,6 +39,12 @@ AUTHOR = {
     "GIT_COMMITTER_NAME": "argus",
     "GIT_COMMITTER_EMAIL": "argus@localhost",
 }
+# The writer's index holds every status document (100,000 entries, ~10 MB at the largest scale
+# measured) and each commit changes a few: split (git's split index), a commit rewrites only the
+# small index of what changed, not the whole file (about 200 -> 100 ms of git per commit at
+# 100,000 entries). The shared part lies in the repository's git folder; git removes the ones no
+# index uses after ``splitIndex.sharedIndexExpire`` (two weeks).
+SPLIT_INDEX = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "core.splitIndex", "GIT_CONFIG_VALUE_0": "true"}
 
 
 def read_documents(
@@ -129,7 +135,7 @@ class TreeWriter:
         self.repo = repo
         self.auth_key = auth_key  # signs every commit (reconciler.status.auth); None: unsigned
         self._dir = tempfile.mkdtemp(prefix="argus-index-")
-        self._env = {**AUTHOR, "GIT_INDEX_FILE": os.path.join(self._dir, "index")}
+        self._env = {**AUTHOR, **SPLIT_INDEX, "GIT_INDEX_FILE": os.path.join(self._dir, "index")}
         self._lock = threading.Lock()
         self._tree: str | None = None  # the tree the index holds
         self._blobs: dict[str, str] = {}  # and its files

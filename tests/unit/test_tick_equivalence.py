@@ -77,10 +77,11 @@ def _world(root: Path) -> World:
     return world
 
 
-def _decide(parts: Parts, memory: Memory, now: int) -> Planned:
+def _decide(parts: Parts, memory: Memory, now: int) -> tuple[Planned, dict[str, str]]:
+    """The decision, and the revision's file blobs (patched from the last read's in a running daemon)."""
     parts.source.fetch()
     revision = parts.revisions.read(fetch=False)
-    return decide(revision, parts.observe(revision), memory, now=now, planner=parts.planner)
+    return decide(revision, parts.observe(revision), memory, now=now, planner=parts.planner), revision.spec_ids
 
 
 def _summary(planned: Planned) -> tuple[Any, ...]:
@@ -165,10 +166,11 @@ def test_a_running_daemon_decides_what_a_restarted_one_would(sequence: list[tupl
         for step in [("wait", 1), *sequence]:
             _apply_step(world, step)
             daemon = world.daemon
-            warm = _decide(daemon.parts, daemon.memory, world.now)
+            warm, warm_ids = _decide(daemon.parts, daemon.memory, world.now)
             world.cold_clones += 1
-            cold = _decide(world.parts(f"cold-{world.cold_clones}"), Memory(), world.now)
+            cold, cold_ids = _decide(world.parts(f"cold-{world.cold_clones}"), Memory(), world.now)
             assert _summary(warm) == _summary(cold), step
+            assert warm_ids == cold_ids, step
             # Then the running daemon ticks for real: it applies and writes its status.
             parts = daemon.parts
             revision = parts.revisions.read(fetch=False)
