@@ -130,21 +130,26 @@ class _SeenTable:
         self.version = 0  # moves with every change of the table
 
     def update(self, table: Mapping[Any, Any], redact: Callable[[str], str]) -> bool:
-        """Follow ``table`` (object -> epoch seconds). Returns whether the table moved."""
+        """Follow ``table`` (object -> epoch seconds; values compared with ``==``). Returns whether
+        the table moved. Raises what ``redact`` raises; then the next update rebuilds it whole."""
         changed = moved(table, self.source)
-        self.source = table
         if not changed:
             return False
-        self._text = None
-        self.version += 1
-        if not self._collided and len(changed) <= max(1024, len(self._entries) // 8):
-            self._apply(changed, table, redact)
-        if self._collided or len(changed) > max(1024, len(self._entries) // 8):
-            # Two objects whose names redact alike share one entry, the first in ``table``'s
-            # order: rare, and then the table is rebuilt whole.
-            self._entries, self._fragments, self._values, self._order = {}, {}, {}, []
-            self._collided = False
-            self._apply(table.keys(), table, redact)
+        self._text, self.version = None, self.version + 1
+        table = dict(table)  # C-speed: the caller's mapping may change in place later
+        try:
+            if not self._collided and len(changed) <= max(1024, len(self._entries) // 8):
+                self._apply(changed, table, redact)
+            if self._collided or len(changed) > max(1024, len(self._entries) // 8):
+                # Two objects whose names redact alike share one entry, the last in ``table``'s
+                # order (as a redaction of the whole table gives): rare, then rebuilt whole.
+                self._entries, self._fragments, self._values, self._order = {}, {}, {}, []
+                self._collided = False
+                self._apply(table.keys(), table, redact)
+        except BaseException:
+            self.source, self._entries, self._fragments, self._values, self._order = {}, {}, {}, {}, []
+            raise
+        self.source = table
         return True
 
     def _apply(self, keys: Iterable[Any], table: Mapping[Any, Any], redact: Callable[[str], str]) -> None:
@@ -160,10 +165,10 @@ class _SeenTable:
             self._entries[key] = name
             if name in self._fragments:
                 self._collided = True
-                continue
+            else:
+                fresh.append(name)
             self._fragments[name] = f"{json.dumps(name)}: {json.dumps(value, sort_keys=True, default=str)}"
             self._values[name] = value
-            fresh.append(name)
         if len(fresh) > 64:
             self._order = sorted(self._fragments)
         else:
@@ -554,8 +559,8 @@ class StatusWriter:
         actual = report.actual if report.actual is not None else None
         actual_entries: dict[Any, Any] | None = None
         safe_actual: dict[str, Any] = {}
-        if report.first_seen is not None:
-            self._seen.update(report.first_seen, self.redact)
+        if actual is not None:  # a report without a table publishes none
+            self._seen.update(report.first_seen or {}, self.redact)
         seen_version = self._seen.version
         if actual is not None and (
             actual != last_actual or seen_version != seen_written or "actual.json" not in known_blobs

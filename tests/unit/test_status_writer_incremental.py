@@ -45,13 +45,15 @@ step = st.one_of(
     st.tuples(
         st.just("write"),
         st.dictionaries(st.sampled_from(KEYS), st.sampled_from(STATES), max_size=len(KEYS)),
-        st.integers(0, 3),  # which revision of the files
+        st.integers(0, 31),  # which revision of the inputs (a bit each: see _report)
     ),
     st.tuples(st.just("record"), st.sampled_from([k for k in KEYS if k.kind == "task"]), st.integers(1, 3)),
     st.tuples(st.just("other"), st.sampled_from(KEYS), st.sampled_from(STATES)),
     st.tuples(st.just("stray"), st.sampled_from(["users/alice/notes.txt", "junk.yaml", *ODD_NAMES]), st.just(0)),
     st.tuples(st.just("tail"), st.sampled_from([k for k in KEYS if k.kind == "task"]), st.integers(0, 1)),
+    st.tuples(st.just("unknown"), st.just(None), st.just(0)),  # a source error between two reports
 )
+RESOLVED = [{"model": "a"}, {"model": "b"}]
 # One value per (object, state): a status unchanged is the very value the last tick handed on.
 _STATUSES: dict[tuple[ObjectKey, str], ObjectStatus] = {}
 
@@ -65,7 +67,8 @@ def _status(key: ObjectKey, state: str) -> ObjectStatus:
     known = _STATUSES.get((key, state))
     if known is None:
         runs = (ActualJob(_sid(key), key, "h", state),) if key.kind == "task" else ()
-        known = _STATUSES[(key, state)] = ObjectStatus(key, state, "Synced", reason=f"{state.lower()} now", runs=runs)
+        sync = "OutOfSync" if state == "QUEUED" else "Synced"  # then whether it was applied shows
+        known = _STATUSES[(key, state)] = ObjectStatus(key, state, sync, reason=f"{state.lower()} now", runs=runs)
     return known
 
 
@@ -78,14 +81,20 @@ def _report(
 ) -> StatusReport:
     statuses = {k: _status(k, s) for k, s in sorted(states.items())}
     actual: dict[str, Any] = {"jobs": []}
+    # Each bit of ``revision`` moves one input of the documents alone: the file blobs, which objects
+    # were applied, which failed, their resolved specs (one value per variant, handed on by
+    # identity), the checkpoints of task runs.
+    bit = [(revision >> b) & 1 for b in range(5)]
     return StatusReport(
         sha,
         statuses,
-        set(statuses),
-        set(),
+        {k for i, k in enumerate(statuses) if (i + bit[1]) % 2 == 0},
+        {k for i, k in enumerate(statuses) if (i + bit[2]) % 3 == 0},
         Plan(),
         [],
-        spec_ids={k.path: f"blob-{revision}" for k in statuses},
+        spec_ids={k.path: f"blob-{bit[0]}" for k in statuses},
+        resolved={k.path: RESOLVED[bit[3]] for k in statuses},
+        checkpoints={_sid(k): f"/ckpt/{bit[4]}" for k in statuses if k.kind == "task"},
         actual=actual,
         first_seen={k: 1767225600 + revision for k in statuses},
         log_tails=tails if tails is not None else {},
@@ -109,6 +118,12 @@ def _same_as_a_fresh_read(writer: StatusWriter) -> None:
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(step, min_size=1, max_size=7))
 @example(steps=[("write", {KEYS[3]: "FAILED", KEYS[0]: "RUNNING"}, 0), ("tail", KEYS[3], 0)])  # a tail after its status
+# The same statuses, one other input moved: applied, failed, resolved, checkpointed otherwise.
+@example(steps=[("write", dict.fromkeys(KEYS[:5], "QUEUED"), 0), ("write", dict.fromkeys(KEYS[:5], "QUEUED"), 1)])
+@example(steps=[("write", dict.fromkeys(KEYS[:5], "QUEUED"), 0), ("write", dict.fromkeys(KEYS[:5], "QUEUED"), 2)])
+@example(steps=[("write", dict.fromkeys(KEYS[:5], "QUEUED"), 0), ("write", dict.fromkeys(KEYS[:5], "QUEUED"), 4)])
+@example(steps=[("write", dict.fromkeys(KEYS[:5], "QUEUED"), 0), ("write", dict.fromkeys(KEYS[:5], "QUEUED"), 8)])
+@example(steps=[("write", dict.fromkeys(KEYS[:5], "QUEUED"), 0), ("write", dict.fromkeys(KEYS[:5], "QUEUED"), 16)])
 def test_writes_in_deltas_equal_a_full_build(tmp_path_factory: Any, steps: list[tuple[Any, ...]]) -> None:
     root = tmp_path_factory.mktemp("delta")
     bare, work, sha = _repo(root)
@@ -125,6 +140,8 @@ def test_writes_in_deltas_equal_a_full_build(tmp_path_factory: Any, steps: list[
             tails.setdefault(_sid(what), [f"line {value}"])  # the reporter fetches a run's tail once
             writer.write(last)
             assert _writer(bare, root / f"full{n}").write(last) is None, "a full build differs"
+        elif kind == "unknown":
+            writer.write(StatusReport(None, {}, set(), set(), None, [], source_error="unreachable"))
         elif kind == "record" and last is not None:
             assert writer.record_runs([(what, f"argus--{what.user}--{what.name}--{value:04d}", "h")])
         elif kind == "other" and last is not None:  # a second writer with this branch moves it
