@@ -78,7 +78,10 @@ class Reporter:
         self.daemon_error = None
         self._log_actions(result)
         self._count(result)
-        self._submit(lambda: self._write(result))
+        # The runs recorded so far are this tick's and earlier ones': a run the next tick records
+        # before this report is written is not this report's to remove (StatusReport.records_seen).
+        seen = self.writer.records
+        self._submit(lambda: self._write(result, seen))
 
     def source_error(self, message: str) -> None:
         """Say on the status branch that the source is unreadable, keeping every object's status."""
@@ -151,9 +154,9 @@ class Reporter:
         """A report that knows nothing about the objects (their documents are kept)."""
         return StatusReport(None, {}, set(), set(), None, [], source_error=source_error, daemon_error=self.daemon_error)
 
-    def _write(self, result: TickResult) -> None:
+    def _write(self, result: TickResult, records_seen: int | None = None) -> None:
         self._fetch_log_tails(result)
-        self._write_report(self.status_report(result))
+        self._write_report(self.status_report(result, records_seen))
 
     def _write_report(self, report: StatusReport) -> None:
         started = time.monotonic()
@@ -164,8 +167,8 @@ class Reporter:
             revision = (report.revision or "")[:12]
             log.info(json.dumps({"event": "status_commit", "commit": commit[:12], "revision": revision}))
 
-    def status_report(self, result: TickResult) -> StatusReport:
-        """The status writer's input for ``result``."""
+    def status_report(self, result: TickResult, records_seen: int | None = None) -> StatusReport:
+        """The status writer's input for ``result`` (``records_seen``: see StatusReport)."""
         return StatusReport(
             revision=result.revision,
             statuses=result.statuses,
@@ -182,6 +185,7 @@ class Reporter:
             subject=result.subject,
             daemon_error=self.daemon_error,
             resolved=self._resolve(result),
+            records_seen=records_seen,
         )
 
     def _resolve(self, result: TickResult) -> dict[str, dict[str, Any]]:

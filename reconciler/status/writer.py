@@ -70,6 +70,11 @@ class StatusReport:
     resolved: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # path -> resolved spec
     subject: str = ""
     daemon_error: str | None = None
+    # The writer's run-record count (:attr:`StatusWriter.records`) when the tick this report
+    # describes ended; None: the report knows every record. A document with a run recorded after
+    # that (the next tick's new task, while this report waited for the background writer) is not
+    # removed by this report: its run must stay on record until a report that knows it.
+    records_seen: int | None = None
 
 
 @dataclass(frozen=True)
@@ -240,6 +245,10 @@ class StatusWriter:
     _seen: _SeenTable = field(default_factory=lambda: _SeenTable())
     _seen_written: int = -1
     _lock: threading.RLock = field(default_factory=threading.RLock)
+    # Runs recorded so far, and path -> the count when its last run was recorded: only the
+    # records no adopted report knows yet (a handful: dropped as reports catch up).
+    records: int = 0
+    _recorded: dict[str, int] = field(default_factory=dict)
     _tree_writer: TreeWriter | None = None
     auth_key: bytes | None = None
     anchor_file: str | None = None
@@ -333,6 +342,9 @@ class StatusWriter:
                 parent = self._refresh()
                 expected = self._expected
                 view = self._view()  # never changed: read without a copy
+                # Before the ref can move: a report written meanwhile must already see the record.
+                self.records += 1
+                self._recorded.update((key.path, self.records) for key, _sid, _hash in runs)
             docs: dict[str, Mapping[str, Any]] = {}
             for key, sid, spec_hash in runs:
                 fresh = {"object": str(key), "kind": "Task", "state": "SUBMITTED"}
@@ -448,6 +460,8 @@ class StatusWriter:
             inputs, rows, known_written = dict(self._inputs), self._rows.copy(), dict(self._written)
             last_actual, seen_written = self._last_actual, self._seen_written
             fed, unfed, with_runs = self._fed, set(self._unfed), set(self._with_runs)
+            seen = self.records if report.records_seen is None else report.records_seen
+            unknown = {p for p, n in self._recorded.items() if n > seen}
         built: dict[str, dict[str, Any]] = {}  # the documents that differ from the branch's
         transitions: list[str] = []
         now = self.now()
@@ -464,14 +478,16 @@ class StatusWriter:
             with_runs = set()
             present = set(map(_path, statuses))
             if report.revision is not None:
-                removed = sorted(previous.keys() - present)
-        failed: set[Any] = set()
+                removed = sorted(previous.keys() - present - unknown)
+        # Looked at again next write: a failed build, or a document kept for a run this report
+        # does not know of.
+        failed: set[Any] = {k for k in map(key_of_path, unknown & previous.keys()) if k is not None}
         for key in visit:
             path = key.path
             st = statuses.get(key)
             if st is None:  # gone since the last write
                 with_runs.discard(key)
-                if path in previous:
+                if path in previous and path not in unknown:
                     removed.append(path)
                 continue
             if st.runs:
@@ -597,6 +613,7 @@ class StatusWriter:
                 if fed_now is not None:
                     self._fed, self._with_runs = fed_now, with_runs
                     self._unfed = (self._unfed - unfed) | failed
+                    self._recorded = {p: n for p, n in self._recorded.items() if n > seen}
                 self._written = written
                 if actual is not None:
                     self._last_actual, self._seen_written = actual, seen_version

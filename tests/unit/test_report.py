@@ -69,3 +69,26 @@ def test_resolved_specs_and_counts_follow_what_moved(ticks: list[tuple[Any, int,
         for status in statuses.values():
             full[(status.key.kind, status.state)] = full.get((status.key.kind, status.state), 0) + 1
         assert metrics.counts == full
+
+
+def test_a_report_knows_the_runs_recorded_when_its_tick_ended() -> None:
+    """The background writer may write a report after the next tick recorded runs: the report
+    carries the record count of its own tick's end, so that writer keeps those records
+    (StatusReport.records_seen; the writer's side: tests/unit/test_runs_record.py)."""
+    from reconciler.plan.actions import Plan
+    from reconciler.plan.actual import ActualState
+
+    written: list[Any] = []
+    writer: Any = SimpleNamespace(records=3, write=lambda report: written.append(report))
+    reporter = Reporter(None, writer, _Metrics())  # type: ignore[arg-type]
+    held: list[Any] = []
+    reporter._submit = held.append  # type: ignore[method-assign,assignment]  # the background writer, busy
+    empty: dict[str, Any] = {"statuses": {}, "applied": set(), "failures": {}, "notes": [], "spec_ids": {}}
+    result: Any = SimpleNamespace(
+        revision="a" * 40, desired=DesiredState(cluster=ClusterSpec()), plan=Plan(), actual=ActualState(), subject="",
+        commit_time=0, **empty,
+    )  # fmt: skip
+    reporter.report(result)
+    writer.records = 4  # the next tick records a run before the writer gets to this report
+    held[0]()
+    assert [r.records_seen for r in written] == [3]

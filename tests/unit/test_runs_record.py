@@ -392,6 +392,40 @@ def test_a_status_built_before_a_run_was_recorded_does_not_drop_it(tmp_path: Pat
     assert [(r["submission_id"], r["status"]) for r in runs] == [(sid, "SUBMITTED")]
 
 
+@pytest.mark.parametrize("first_write", [False, True])
+def test_a_report_older_than_a_new_tasks_record_does_not_remove_it(tmp_path: Path, first_write: bool) -> None:
+    """A task new this tick has its run recorded while the background writer still holds the last
+    tick's report, which does not list the task: that report keeps the task's document and its
+    SUBMITTED run (else a daemon crash and a Ray head restart before the next write would lose the
+    only record, and the run could be submitted twice). The first report that knows the record
+    removes the document once the task is gone. ``first_write``: the stale report is the writer's
+    first (a full pass) or follows one (the incremental pass)."""
+    from reconciler.plan.assess import ObjectStatus
+    from reconciler.status.writer import StatusReport
+
+    bare = tmp_path / "config.git"
+    git(tmp_path, "init", "-q", "--bare", "-b", "main", str(bare))
+    writer = StatusWriter(open_source(str(bare), str(tmp_path / "cache")))
+    old = task_spec("alice", "old", command="true")
+    new = task_spec("bob", "new", command="true")
+    sid, digest = submission_id(new), task_spec_hash(new)
+    old_status = ObjectStatus(old.key, "QUEUED", "OutOfSync")
+    if not first_write:
+        assert writer.write(StatusReport("a" * 40, {old.key: old_status}, set(), set(), None, [])) is not None
+    seen = writer.records  # the tick ends here; its report waits for the background writer
+    stale = StatusReport("b" * 40, {old.key: old_status}, set(), set(), None, [], records_seen=seen)
+    assert writer.record_runs([(new.key, sid, digest)])  # the next tick: a new task, recorded
+    writer.write(stale)
+    docs = read_documents(str(bare), "argus/status")
+    assert [(r["submission_id"], r["status"]) for r in docs[new.key.path]["runs"]] == [(sid, "SUBMITTED")]
+    assert old.key.path in docs
+    # A report that knows the record and no longer lists the task (deleted) removes its document.
+    current = StatusReport("c" * 40, {old.key: old_status}, set(), set(), None, [], records_seen=writer.records)
+    assert writer.write(current) is not None
+    assert new.key.path not in read_documents(str(bare), "argus/status")
+    assert writer._recorded == {}  # known to an adopted report: not held any longer
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(

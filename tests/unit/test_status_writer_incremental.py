@@ -13,12 +13,15 @@ on the branch, what it holds and what it wrote equal a full recomputation. Real 
   checkpoint unchanged) are the ones a full build leaves as they are. Statuses are handed on as
   the tick hands them (the same value while unchanged), and a run's log tail can arrive later
   than its status.
+- A report older than a run's record (the background writer's, written after the next tick
+  recorded a new task's run) keeps that run on record; the next report removes what is gone.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +55,8 @@ step = st.one_of(
     st.tuples(st.just("stray"), st.sampled_from(["users/alice/notes.txt", "junk.yaml", *ODD_NAMES]), st.just(0)),
     st.tuples(st.just("tail"), st.sampled_from([k for k in KEYS if k.kind == "task"]), st.integers(0, 1)),
     st.tuples(st.just("unknown"), st.just(None), st.just(0)),  # a source error between two reports
+    # A run recorded, then the report of the tick before (which may not list the task) written.
+    st.tuples(st.just("stale"), st.sampled_from([k for k in KEYS if k.kind == "task"]), st.integers(4, 5)),
 )
 RESOLVED = [{"model": "a"}, {"model": "b"}]
 # One value per (object, state): a status unchanged is the very value the last tick handed on.
@@ -124,6 +129,8 @@ def _same_as_a_fresh_read(writer: StatusWriter) -> None:
 @example(steps=[("write", dict.fromkeys(KEYS[:5], "QUEUED"), 0), ("write", dict.fromkeys(KEYS[:5], "QUEUED"), 4)])
 @example(steps=[("write", dict.fromkeys(KEYS[:5], "QUEUED"), 0), ("write", dict.fromkeys(KEYS[:5], "QUEUED"), 8)])
 @example(steps=[("write", dict.fromkeys(KEYS[:5], "QUEUED"), 0), ("write", dict.fromkeys(KEYS[:5], "QUEUED"), 16)])
+# A new task's run recorded while the last report (without it) waits, then that report written.
+@example(steps=[("write", {KEYS[0]: "RUNNING"}, 0), ("stale", KEYS[3], 4), ("write", {KEYS[0]: "QUEUED"}, 1)])
 def test_writes_in_deltas_equal_a_full_build(tmp_path_factory: Any, steps: list[tuple[Any, ...]]) -> None:
     root = tmp_path_factory.mktemp("delta")
     bare, work, sha = _repo(root)
@@ -142,6 +149,12 @@ def test_writes_in_deltas_equal_a_full_build(tmp_path_factory: Any, steps: list[
             assert _writer(bare, root / f"full{n}").write(last) is None, "a full build differs"
         elif kind == "unknown":
             writer.write(StatusReport(None, {}, set(), set(), None, [], source_error="unreachable"))
+        elif kind == "stale" and last is not None:
+            seen, sid = writer.records, f"argus--{what.user}--{what.name}--{value:04d}"
+            assert writer.record_runs([(what, sid, "h")])
+            writer.write(replace(last, records_seen=seen))
+            runs = writer.documents()[what.path]["runs"]
+            assert sid in [r["submission_id"] for r in runs], "a report older than a record dropped it"
         elif kind == "record" and last is not None:
             assert writer.record_runs([(what, f"argus--{what.user}--{what.name}--{value:04d}", "h")])
         elif kind == "other" and last is not None:  # a second writer with this branch moves it
@@ -157,7 +170,7 @@ def test_writes_in_deltas_equal_a_full_build(tmp_path_factory: Any, steps: list[
                 git(work, "commit", "-q", "--allow-empty", "-m", "stray")
                 git(work, "push", "-q", "origin", "HEAD:refs/heads/argus/status")
                 git(work, "checkout", "-q", "main")
-        if writer._tip is not None and kind in ("write", "record"):
+        if writer._tip is not None and kind in ("write", "record", "stale"):
             _same_as_a_fresh_read(writer)
     if last is None:
         return
