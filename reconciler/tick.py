@@ -175,14 +175,27 @@ def decide(
     checks)."""
     actual, memory = _actual(observation, memory)
     order = memory.order if memory.order.seeded else _seeded(memory.order, observation.docs)
-    order = order.for_files(revision.spec_ids)
+    loaded = revision.desired
+    # Following the revision the order was placed after, only the objects that moved are placed
+    # again (the admission order's change feed; None: every object).
+    feed = order.feed(loaded.serial, revision.commit, loaded.changed, revision.changed)
+    order = order.for_files(revision.spec_ids, feed)
     first_seen = order.first_seen
+
+    def recheck(d: DesiredState) -> frozenset[ObjectKey] | None:
+        return feed if d is loaded else None  # a contained state is another one: every object
+
     plan, desired = _plan_contained(
-        revision.desired,
-        lambda d: make_plan(d, actual, first_seen=first_seen, now=now),
-        None if planner is None else (lambda d: planner.plan(d, actual, first_seen=first_seen, now=now)),
+        loaded,
+        lambda d: make_plan(d, actual, first_seen=first_seen, now=now, recheck=recheck(d)),
+        None
+        if planner is None
+        else (lambda d: planner.plan(d, actual, first_seen=first_seen, now=now, recheck=recheck(d))),
     )
-    order = order.after(plan.first_seen, revision.spec_ids)
+    if desired is loaded:
+        order = order.after(plan.first_seen, revision.spec_ids, feed, serial=loaded.serial, commit=revision.commit)
+    else:
+        order = order.after(plan.first_seen, revision.spec_ids)
     return Planned(plan, desired, actual, order, memory)
 
 

@@ -27,7 +27,7 @@ Memory: one entry per object that exists now (objects gone are dropped on every 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from operator import itemgetter
 
@@ -192,11 +192,12 @@ class IncrementalPlanner:
         *,
         first_seen: Mapping[ObjectKey, int] | None = None,
         now: int | None = None,
+        recheck: Collection[ObjectKey] | None = None,
     ) -> Plan:
         """Return what :func:`reconciler.plan.planner.plan` returns for the same arguments.
         Raises what it raises; then every memo is dropped (a half-updated memo is never reused)."""
         try:
-            return self._plan(desired, actual, capacity, first_seen, now)
+            return self._plan(desired, actual, capacity, first_seen, now, recheck)
         except BaseException:
             self.forget()
             raise
@@ -208,15 +209,16 @@ class IncrementalPlanner:
         capacity: Capacity | None,
         first_seen: Mapping[ObjectKey, int] | None,
         now: int | None,
+        recheck: Collection[ObjectKey] | None,
     ) -> Plan:
         if not desired.cluster_valid:  # nothing is planned per object: the full planner's few lines
             self.recomputed = 0
             self._serial = 0
             self._planned = None
-            return full_plan(desired, actual, capacity, first_seen=first_seen, now=now)
+            return full_plan(desired, actual, capacity, first_seen=first_seen, now=now, recheck=recheck)
         capacity = capacity if capacity is not None else actual.capacity
         seen = first_seen if first_seen is not None else actual.first_seen
-        result = Plan(first_seen=admission_times(desired, seen, now))
+        result = Plan(first_seen=admission_times(desired, seen, now, recheck))
         cluster = desired.cluster
         if cluster is not self._cluster and cluster != self._cluster:
             self.forget()

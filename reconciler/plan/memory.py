@@ -9,8 +9,8 @@ hold them yet. Every function returns a new value and never changes its argument
 from __future__ import annotations
 
 import operator
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from itertools import compress
 
 from reconciler.spec.hashing import parse_submission_id
@@ -30,6 +30,28 @@ class AdmissionOrder:
     first_seen: Mapping[ObjectKey, int] = field(default_factory=dict)
     seen_blob: Mapping[str, str] = field(default_factory=dict)
     seeded: bool = False
+    # What the order was last placed after (:meth:`after`): the desired state's serial and the
+    # commit whose file blobs it holds (0 / None: unknown). A next revision that follows both
+    # names what may differ since (:meth:`feed`), and only that is looked at.
+    serial: int = 0
+    commit: str | None = None
+
+    def feed(
+        self, serial: int, commit: str, changed: tuple[int, Collection[ObjectKey]] | None,
+        paths: tuple[str, Collection[str]] | None,
+    ) -> frozenset[ObjectKey] | None:  # fmt: skip
+        """The objects whose place may differ from this order's in a revision (``serial``,
+        ``commit``) whose desired state ``changed`` (the loader's feed: the state it follows and
+        the objects that moved) and whose files ``paths`` (the commit it follows and the paths that
+        moved) follow the ones this order was placed after; None when they do not (or this order
+        was never placed, or is not seeded yet): then every object is looked at."""
+        if not self.seeded or not self.serial or self.commit is None or changed is None or paths is None:
+            return None
+        if (changed[0], paths[0]) != (self.serial, self.commit):
+            # The very revision again (nothing read since): nothing moved.
+            return frozenset() if (serial, commit) == (self.serial, self.commit) else None
+        keys = (key_of_path(p) for p in paths[1])
+        return frozenset(changed[1]).union(k for k in keys if k is not None)
 
     def seed(self, recorded: Mapping[ObjectKey, int], recorded_blobs: Mapping[ObjectKey, str]) -> AdmissionOrder:
         """This order with the status branch's record under it (what this process saw wins).
@@ -39,13 +61,18 @@ class AdmissionOrder:
         blobs.update(self.seen_blob)
         return AdmissionOrder(first_seen=first_seen, seen_blob=blobs, seeded=True)
 
-    def for_files(self, spec_ids: Mapping[str, str]) -> AdmissionOrder:
+    def for_files(self, spec_ids: Mapping[str, str], feed: Collection[ObjectKey] | None = None) -> AdmissionOrder:
         """This order without the objects whose file changed since they were placed
         (``spec_ids``: path -> blob). An edited file starts over in line: a user cannot hold a
-        place in the queue with a file that asked for nothing and then ask for more."""
-        # The paths recorded at a blob the tree does not hold (C: one pass, no Python per object).
+        place in the queue with a file that asked for nothing and then ask for more.
+        ``feed`` (:meth:`feed`): only these objects' files may have changed (None: any).
+        The order keeps its serial and commit: only :meth:`after` moves them."""
         recorded = self.seen_blob
-        moved = compress(recorded, map(operator.ne, map(spec_ids.get, recorded), recorded.values()))
+        if feed is not None:
+            paths: Iterable[str] = (k.path for k in feed)
+            moved: Iterable[str] = [p for p in paths if p in recorded and recorded[p] != spec_ids.get(p, recorded[p])]
+        else:  # the paths recorded at a blob the tree does not hold (C: one pass, no Python per object)
+            moved = compress(recorded, map(operator.ne, map(spec_ids.get, recorded), recorded.values()))
         keys = (key_of_path(p) for p in moved if p in spec_ids)
         edited = [key for key in keys if key is not None and key in self.first_seen]
         if not edited:
@@ -54,20 +81,36 @@ class AdmissionOrder:
         for key in edited:
             del first_seen[key]
             blobs.pop(key.path, None)
-        return AdmissionOrder(first_seen=first_seen, seen_blob=blobs, seeded=self.seeded)
+        return replace(self, first_seen=first_seen, seen_blob=blobs)
 
-    def after(self, planned: Mapping[ObjectKey, int], spec_ids: Mapping[str, str]) -> AdmissionOrder:
+    def after(
+        self,
+        planned: Mapping[ObjectKey, int],
+        spec_ids: Mapping[str, str],
+        feed: Collection[ObjectKey] | None = None,
+        *,
+        serial: int = 0,
+        commit: str | None = None,
+    ) -> AdmissionOrder:
         """The order once a plan has placed the objects it saw (``planned``: the plan's
         ``first_seen``, one entry per object that exists now). Objects new to the order are
-        recorded at their file's blob; blobs of objects gone are dropped."""
+        recorded at their file's blob; blobs of objects gone are dropped. ``feed``: ``planned``
+        differs from this order only at these objects (None: anywhere). ``serial`` and
+        ``commit``: the revision placed (0 / None: one no later revision may follow)."""
+        if feed is None:
+            gone: Iterable[ObjectKey] = self.first_seen.keys() - planned.keys()
+            new: Iterable[ObjectKey] = planned.keys() - self.first_seen.keys()
+        else:
+            gone = [k for k in feed if k in self.first_seen and k not in planned]
+            new = [k for k in feed if k in planned and k not in self.first_seen]
         blobs = dict(self.seen_blob)
-        for key in self.first_seen.keys() - planned.keys():
+        for key in gone:
             blobs.pop(key.path, None)
-        for key in planned.keys() - self.first_seen.keys():
+        for key in new:
             path = key.path
             if path in spec_ids:
                 blobs[path] = spec_ids[path]
-        return AdmissionOrder(first_seen=dict(planned), seen_blob=blobs, seeded=self.seeded)
+        return AdmissionOrder(dict(planned), blobs, self.seeded, serial, commit)
 
 
 def key_of_path(path: str) -> ObjectKey | None:

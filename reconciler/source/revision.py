@@ -34,7 +34,8 @@ log = logging.getLogger("argus")
 class Revision:
     """The desired state at ``commit`` and what reading it found: ``rejections`` (unverified
     changes kept out), ``trust_notes``, the commit's ``subject`` and ``commit_time``, and
-    ``spec_ids`` (path -> blob of every object file)."""
+    ``spec_ids`` (path -> blob of every object file) and, when they were patched from the
+    revision read before, ``changed``: (that revision's commit, the paths whose blob may differ)."""
 
     commit: str
     desired: DesiredState
@@ -43,6 +44,7 @@ class Revision:
     spec_ids: dict[str, str] = field(default_factory=dict)
     rejections: tuple[str, ...] = ()
     trust_notes: tuple[str, ...] = ()
+    changed: tuple[str, frozenset[str]] | None = None
 
     @property
     def notes(self) -> list[str]:
@@ -110,24 +112,29 @@ class RevisionReader:
                 "cluster.yaml's security settings are ignored: the daemon's own configuration decides "
                 "(--require-signed-commits, --allowed-signers)"
             )
+        spec_ids, patched = self._spec_ids(snap)
         return Revision(
             commit=commit,
             desired=desired,
             commit_time=snap.commit_time,
             subject=snap.subject,
-            spec_ids=self._spec_ids(snap),
+            spec_ids=spec_ids,
             rejections=tuple(str(r) for r in trusted.rejections),
             trust_notes=tuple(notes),
+            changed=patched,
         )
 
-    def _spec_ids(self, snap: Snapshot) -> dict[str, str]:
-        """path -> blob of every file under ``users/`` in ``snap``. Returns a new dict (a revision
+    def _spec_ids(self, snap: Snapshot) -> tuple[dict[str, str], tuple[str, frozenset[str]] | None]:
+        """path -> blob of every file under ``users/`` in ``snap``, and (the commit read last, the
+        paths that may differ from its) when patched (else None). Returns a new dict (a revision
         keeps it): the last one patched at the paths the snapshot names as changed since the one
         it follows, when that is the last one read (a full pass otherwise)."""
         last_commit, last = self._ids
+        patched = None
         if snap.since is None or snap.changed is None or snap.since != last_commit:
             ids = {f.path: f.blob for f in snap.files if f.path.startswith("users/")}
         else:
+            patched = (snap.since, snap.changed)
             ids = dict(last)  # C-speed
             files = snap.files  # in path order
             for path in snap.changed:
@@ -139,7 +146,7 @@ class RevisionReader:
                 else:
                     ids.pop(path, None)
         self._ids = (snap.commit, ids)
-        return ids
+        return ids, patched
 
     def refresh_fs(self) -> None:
         """Check remembered file-system answers again (the loop does it on timer ticks, not on

@@ -122,6 +122,7 @@ class NoWriter:
     """Takes the reports (the status writer has its own tests); keeps only the last one."""
 
     last: StatusReport | None = None
+    records = 0  # runs recorded (none: this writer records nothing)
 
     def write(self, report: StatusReport) -> str | None:
         self.last = report

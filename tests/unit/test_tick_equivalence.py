@@ -25,6 +25,7 @@ from reconciler.loop import Daemon
 from reconciler.plan.memory import Memory
 from reconciler.server import Metrics
 from reconciler.source.remote import open_source
+from reconciler.source.revision import Revision
 from reconciler.status.writer import StatusWriter
 from reconciler.tick import Parts, Planned, decide, tick
 from tests.support import ConfigRepo, model_yaml, two_teams
@@ -77,11 +78,11 @@ def _world(root: Path) -> World:
     return world
 
 
-def _decide(parts: Parts, memory: Memory, now: int) -> tuple[Planned, dict[str, str]]:
-    """The decision, and the revision's file blobs (patched from the last read's in a running daemon)."""
+def _decide(parts: Parts, memory: Memory, now: int) -> tuple[Planned, Revision]:
+    """The decision, and the revision (its file blobs patched from the last read's in a running daemon)."""
     parts.source.fetch()
     revision = parts.revisions.read(fetch=False)
-    return decide(revision, parts.observe(revision), memory, now=now, planner=parts.planner), revision.spec_ids
+    return decide(revision, parts.observe(revision), memory, now=now, planner=parts.planner), revision
 
 
 def _summary(planned: Planned) -> tuple[Any, ...]:
@@ -166,13 +167,13 @@ def test_a_running_daemon_decides_what_a_restarted_one_would(sequence: list[tupl
         for step in [("wait", 1), *sequence]:
             _apply_step(world, step)
             daemon = world.daemon
-            warm, warm_ids = _decide(daemon.parts, daemon.memory, world.now)
+            warm, revision = _decide(daemon.parts, daemon.memory, world.now)
             world.cold_clones += 1
-            cold, cold_ids = _decide(world.parts(f"cold-{world.cold_clones}"), Memory(), world.now)
+            cold, cold_revision = _decide(world.parts(f"cold-{world.cold_clones}"), Memory(), world.now)
             assert _summary(warm) == _summary(cold), step
-            assert warm_ids == cold_ids, step
-            # Then the running daemon ticks for real: it applies and writes its status.
+            assert revision.spec_ids == cold_revision.spec_ids, step
+            # Then the running daemon ticks for real on that revision (its admission order follows
+            # the last tick's through the change feed): it applies and writes its status.
             parts = daemon.parts
-            revision = parts.revisions.read(fetch=False)
             result, daemon.memory = tick(parts, revision, parts.observe(revision), daemon.memory, now=world.now)
             daemon.reporter.report(result)
