@@ -37,6 +37,9 @@ FULL_GC_S = 600.0  # a full collection of everything the daemon holds, at most t
 GC_YOUNG = 100_000  # allocations between two young collections in the daemon (Python's default: 700)
 FROZEN_GROWTH = 1.5  # a full collection as soon as the frozen heap is this many times the last one's
 FROZEN_FLOOR = 100_000  # objects: below this a small daemon's frozen heap never triggers one
+# A push tick leaves a due full collection to the next timer tick (the daemon idle), unless the
+# frozen heap grew this many times the last full collection's, or it is overdue by FULL_GC_S.
+FROZEN_HARD = 3.0
 _TICK = "tick"  # the loop's back-off key
 
 
@@ -183,17 +186,18 @@ class Daemon:
             if not pushed:  # timer ticks re-check the file system and capacity; pushes reuse them
                 self.parts.revisions.refresh_fs()
                 self.parts.observer.forget_capacity()
-            backoff = self.run_once()
+            backoff = self.run_once(pushed=pushed)
 
-    def run_once(self) -> float:
+    def run_once(self, *, pushed: bool = False) -> float:
         """One tick; its status write follows (in the background writer when started).
+        ``pushed``: a push woke the loop (a full collection due waits for a timer tick).
         Returns the back-off delay (0 when healthy). Never raises for anything a tick meets."""
         try:
-            return self._run_once()
+            return self._run_once(pushed)
         except Exception as exc:
             return self._tick_failed(exc)
 
-    def _run_once(self) -> float:
+    def _run_once(self, pushed: bool = False) -> float:
         started = time.monotonic()
         if not self._hold_lease():
             # A standby daemon polls at a steady pace (not a back-off): it takes over as soon as
@@ -216,13 +220,13 @@ class Daemon:
         self._backoff.succeeded(_TICK)
         self.last_error = self._error_kind = None
         self.tick_exception = None
-        self.collect()
+        self.collect(pushed=pushed)
         self.reporter.report(result)
         self.metrics.tick(time.monotonic() - started)
         self.last_tick_ok = time.monotonic()
         return 0.0
 
-    def collect(self) -> None:
+    def collect(self, *, pushed: bool = False) -> None:
         """Keep the cyclic GC off the state the daemon holds between ticks, with a bound.
 
         Every tick's survivors (the desired tree, the memos: millions of objects at 100,000) are
@@ -231,9 +235,17 @@ class Daemon:
         generations are collected, so the tick's own cyclic garbage (an exception and the frames
         its traceback holds, with whatever they reference) is freed now and never frozen. What
         can still wait is cyclic garbage among objects frozen earlier: everything is collected
-        once every :data:`FULL_GC_S`, and sooner when the frozen heap grew by half since."""
+        once every :data:`FULL_GC_S`, and sooner when the frozen heap grew by half since.
+
+        A full collection takes seconds at 100,000 objects (3.4 s after the first status commit,
+        the heap having grown by the documents of every object): after a push tick (``pushed``)
+        it waits for the next timer tick, when no push is waiting, within a bound
+        (:data:`FROZEN_HARD`, or overdue by :data:`FULL_GC_S`)."""
         now = time.monotonic()
-        if now >= self._full_gc_at or self._frozen > FROZEN_GROWTH * self._frozen_after_full:
+        due = now >= self._full_gc_at or self._frozen > FROZEN_GROWTH * self._frozen_after_full
+        if due and pushed:
+            due = now >= self._full_gc_at + FULL_GC_S or self._frozen > FROZEN_HARD * self._frozen_after_full
+        if due:
             gc.unfreeze()
             gc.collect()
             self._full_gc_at = now + FULL_GC_S

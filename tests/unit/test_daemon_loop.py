@@ -187,7 +187,7 @@ def test_ticks_freeze_what_the_daemon_keeps_and_collect_everything_now_and_then(
     """The cyclic GC scans only what the last tick made (a full collection took 1–2 s of every push
     tick at 100,000 objects); a tick's own cyclic garbage is collected before the freeze, and cyclic
     garbage among frozen objects waits for the full collection made every FULL_GC_S or when the
-    frozen heap grew by half, no longer."""
+    frozen heap grew by half, no longer (after a push, until the next timer tick, within a bound)."""
     import gc
     import weakref
 
@@ -225,6 +225,20 @@ def test_ticks_freeze_what_the_daemon_keeps_and_collect_everything_now_and_then(
     daemon._frozen = 2 * daemon._frozen_after_full  # the ticks froze as much again since
     assert daemon.run_once() == 0.0
     assert grown() is None
+    # After a push tick a due full collection waits for the next timer tick (no push waiting)...
+    waiting = cycle()
+    gc.freeze()
+    daemon._full_gc_at = time.monotonic()  # due now, not overdue
+    assert daemon.run_once(pushed=True) == 0.0
+    assert waiting() is not None
+    assert daemon.run_once() == 0.0
+    assert waiting() is None
+    # ...within a bound: a heap grown FROZEN_HARD times is collected even after a push.
+    bound = cycle()
+    gc.freeze()
+    daemon._frozen = int(loop_module.FROZEN_HARD * daemon._frozen_after_full) + 1
+    assert daemon.run_once(pushed=True) == 0.0
+    assert bound() is None
     before = gc.get_threshold()
     try:  # what Daemon.run sets for the process: young collections every GC_YOUNG allocations
         loop_module.tune_gc()
