@@ -12,6 +12,7 @@ import gc
 import hashlib
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -107,7 +108,9 @@ class Daemon:
         self._error_kind: str | None = None  # what last_error is about: source, ray, lease, tick
         self.tick_exception: str | None = None  # the last tick's unexpected exception, until one succeeds
         self._last_fetch = 0.0
-        self._full_gc_at = 0.0  # when the next full collection is due (:meth:`collect`)
+        # When the next full collection is due (:meth:`collect`); -inf: none made yet, so the first
+        # tick makes one whatever woke it (the baseline the growth bounds are measured from).
+        self._full_gc_at = -math.inf
         self._frozen_after_full = FROZEN_FLOOR  # objects frozen right after the last full collection
         # Objects frozen since, counted tick by tick: gc.get_freeze_count() walks the whole frozen
         # heap (~30 ms at 10,000 objects, ten times that at 100,000), too dear to ask every tick.
@@ -244,7 +247,8 @@ class Daemon:
         now = time.monotonic()
         due = now >= self._full_gc_at or self._frozen > FROZEN_GROWTH * self._frozen_after_full
         if due and pushed:
-            due = now >= self._full_gc_at + FULL_GC_S or self._frozen > FROZEN_HARD * self._frozen_after_full
+            overdue = self._full_gc_at == -math.inf or now >= self._full_gc_at + FULL_GC_S
+            due = overdue or self._frozen > FROZEN_HARD * self._frozen_after_full
         if due:
             gc.unfreeze()
             gc.collect()

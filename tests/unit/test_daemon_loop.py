@@ -245,3 +245,17 @@ def test_ticks_freeze_what_the_daemon_keeps_and_collect_everything_now_and_then(
         assert gc.get_threshold()[0] == loop_module.GC_YOUNG
     finally:
         gc.set_threshold(*before)
+
+
+def test_the_first_tick_collects_everything_even_when_woken_as_a_push(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop's first tick is woken like a push; its full collection is the baseline the growth
+    bounds are measured from, so it is made then, however long the host has been up."""
+    import gc
+
+    daemon = _daemon(_repo(tmp_path), FakeRay())
+    monkeypatch.setattr(loop_module.time, "monotonic", lambda: 5.0)  # a host up for five seconds
+    assert daemon.run_once(pushed=True) == 0.0
+    assert daemon._full_gc_at == 5.0 + loop_module.FULL_GC_S
+    assert daemon._frozen_after_full == max(gc.get_freeze_count(), loop_module.FROZEN_FLOOR)
