@@ -320,6 +320,7 @@ class GitRepo:
         assigned at merge.) Incremental: after the first call only new commits are walked.
         """
         if self._created_at == commit:
+            self._created_moved = (commit, set())  # read again: nothing moved since itself
             return self._created
         rev_range = commit
         base = dict(self._created)

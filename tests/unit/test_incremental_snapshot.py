@@ -104,5 +104,12 @@ def test_a_long_lived_snapshot_and_load_equal_a_fresh_one(
             before = now
             changed = (snap.since, snap.changed) if snap.since is not None and snap.changed is not None else None
             assert fed.load(snap.files, changed=changed, **kw) == want  # type: ignore[arg-type]
+            # A timer tick reads the same commit again: a feed that names nothing.
+            again = lived.snapshot(commit, cache)
+            assert [f.blob for f in again.files] == [f.blob for f in fresh.files]
+            if not small_blob_cache:
+                assert (again.since, again.changed) == (commit, frozenset())
+            changed = (again.since, again.changed) if again.since is not None and again.changed is not None else None
+            assert fed.load(again.files, changed=changed, **kw) == want  # type: ignore[arg-type]
     finally:
         git_module.BLOB_CACHE_BYTES = saved
