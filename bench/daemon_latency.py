@@ -9,7 +9,11 @@ all suspended so nothing is deployed). Pushes of a new task alternate between th
    files it changed and the time from the push until it landed.
 3. the big daemon's peak RSS (VmHWM) at the end.
 
-Usage: PYTHONPATH=. .venv/bin/python bench/daemon_latency.py [--pushes 20] [--users 1000]
+Usage: PYTHONPATH=. .venv/bin/python bench/daemon_latency.py [--pushes 20] [--users 1000] [--profile DIR]
+
+``--profile DIR``: py-spy samples the big daemon (all threads, idle ones too) while the pushes
+run; DIR gets ``big.pyspy`` (collapsed stacks), ``big-top.txt`` (the heaviest frames per thread)
+and ``big.log`` (the daemon's log).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -136,6 +141,40 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
             proc.wait()
 
 
+def profile(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy on ``pid`` until stopped (SIGINT), collapsed stacks per thread into ``out``."""
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
+    cmd = [spy, "record", "--pid", str(pid), "--rate", "50", "--threads", "--idle", "--format", "raw"]
+    return subprocess.Popen([*cmd, "--output", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def top_frames(collapsed: Path, limit: int = 25) -> str:
+    """The frames most samples were in, per thread (self time, and inclusive of what they call)."""
+    inclusive: dict[tuple[str, str], int] = {}
+    own: dict[tuple[str, str], int] = {}
+    totals: dict[str, int] = {}
+    for line in collapsed.read_text(errors="replace").splitlines():
+        stack, _, count_s = line.rpartition(" ")
+        if not stack or not count_s.isdigit():
+            continue
+        count = int(count_s)
+        frames = stack.split(";")
+        thread = frames[0]
+        totals[thread] = totals.get(thread, 0) + count
+        for frame in set(frames[1:]):
+            inclusive[(thread, frame)] = inclusive.get((thread, frame), 0) + count
+        if len(frames) > 1:
+            own[(thread, frames[-1])] = own.get((thread, frames[-1]), 0) + count
+    lines = []
+    for thread, total in sorted(totals.items(), key=lambda kv: -kv[1]):
+        lines.append(f"== {thread}: {total} samples")
+        ranked = sorted(((n, f) for (t, f), n in inclusive.items() if t == thread), reverse=True)[:limit]
+        lines += [f"  incl {n:6d}  {f}" for n, f in ranked]
+        ranked = sorted(((n, f) for (t, f), n in own.items() if t == thread), reverse=True)[:limit]
+        lines += [f"  self {n:6d}  {f}" for n, f in ranked]
+    return "\n".join(lines) + "\n"
+
+
 def print_results(
     args: argparse.Namespace,
     lat: dict[str, list[float]],
@@ -162,6 +201,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pushes", type=int, default=20)
     parser.add_argument("--users", type=int, default=1000)
+    parser.add_argument("--profile", type=Path, help="py-spy the big daemon during the pushes into this folder")
     args = parser.parse_args()
     head = start_head(num_cpus=8, num_gpus=64, resources={"worker_node": 64}, env={"PYTHONPATH": str(ROOT)})
     procs: list[subprocess.Popen[bytes]] = []
@@ -182,12 +222,22 @@ def main() -> int:
             print(f"big daemon: first status commit {first:.1f} s after start", file=sys.stderr)
             lat: dict[str, list[float]] = {"empty": [], "big": []}
             commits: list[tuple[float, list[str]]] = []
+            spy = None
+            if args.profile is not None:
+                args.profile.mkdir(parents=True, exist_ok=True)
+                spy = profile(big_proc.pid, args.profile / "big.pyspy")
+                time.sleep(2)  # py-spy attached
             for i in range(args.pushes):
                 for label, repo in (("empty", empty), ("big", big)):
                     seconds, _sha = push_task(repo, dash, f"{label[0]}{i:03d}")
                     lat[label].append(seconds)
                     print(f"{label} push {i}: {seconds:.2f} s", file=sys.stderr, flush=True)
                 time.sleep(0.5)
+            if spy is not None and args.profile is not None:
+                spy.send_signal(2)
+                spy.wait(timeout=120)
+                (args.profile / "big-top.txt").write_text(top_frames(args.profile / "big.pyspy"))
+                shutil.copy(root / "big.log", args.profile / "big.log")
             for i in range(3):  # a one-file push once the branch is quiet (the last run's end recorded)
                 wait_quiet(big, 60)
                 seconds, sha = push_task(big, dash, f"s{i:03d}")

@@ -41,6 +41,8 @@ FROZEN_FLOOR = 100_000  # objects: below this a small daemon's frozen heap never
 # A push tick leaves a due full collection to the next timer tick (the daemon idle), unless the
 # frozen heap grew this many times the last full collection's, or it is overdue by FULL_GC_S.
 FROZEN_HARD = 3.0
+# A tick (or a timer tick's file-system re-check) slower than this is logged with where its time went.
+SLOW_S = 1.0
 _TICK = "tick"  # the loop's back-off key
 
 
@@ -50,6 +52,15 @@ def tune_gc() -> None:
     ran ~650 young and ~4 full collections of what the tick made (0.4–0.5 s of CPU), with this
     3 young ones (0.2 s). Full collections come from :meth:`Daemon.collect`."""
     gc.set_threshold(GC_YOUNG, 50, 100)
+
+
+def _log_if_slow(event: str, phases: dict[str, float], pushed: bool) -> None:
+    """Log where a slow tick's time went (seconds per phase), so an operator can tell a slow Ray
+    from a slow repository or a collection without a profiler."""
+    seconds = sum(phases.values())
+    if seconds >= SLOW_S:
+        spent = {name: round(value, 3) for name, value in phases.items()}
+        log.info(json.dumps({"event": event, "seconds": round(seconds, 3), "pushed": pushed, "phases": spent}))
 
 
 class Daemon:
@@ -187,8 +198,10 @@ class Daemon:
             if self.stop.is_set():
                 break
             if not pushed:  # timer ticks re-check the file system and capacity; pushes reuse them
+                began = time.monotonic()
                 self.parts.revisions.refresh_fs()
                 self.parts.observer.forget_capacity()
+                _log_if_slow("slow file-system re-check", {"refresh_fs": time.monotonic() - began}, pushed)
             backoff = self.run_once(pushed=pushed)
 
     def run_once(self, *, pushed: bool = False) -> float:
@@ -208,12 +221,25 @@ class Daemon:
             return min(MAX_BACKOFF_S, max(self.observe_interval, LEASE_POLL_S))
         parts = self.parts
         fetch = not parts.source.local and started - self._last_fetch >= self.fetch_interval
+        phases: dict[str, float] = {}
+        mark = started
+
+        def lap(name: str) -> None:
+            nonlocal mark
+            now = time.monotonic()
+            phases[name], mark = now - mark, now
+
         try:
             if fetch or parts.source.local:
                 self._last_fetch = started
                 parts.source.fetch()
+            lap("fetch")
             revision = parts.revisions.read(fetch=False)
-            result, self.memory = tick(parts, revision, parts.observe(revision), self.memory)
+            lap("read")
+            observation = parts.observe(revision)
+            lap("observe")
+            result, self.memory = tick(parts, revision, observation, self.memory)
+            lap("tick")
         except SourceUnavailable as exc:
             self.reporter.source_error(self._fail("source", str(exc)))
             return self._delay(exc, floor=self.observe_interval)
@@ -224,7 +250,10 @@ class Daemon:
         self.last_error = self._error_kind = None
         self.tick_exception = None
         self.collect(pushed=pushed)
+        lap("collect")
         self.reporter.report(result)
+        lap("report")
+        _log_if_slow("slow tick", phases, pushed)
         self.metrics.tick(time.monotonic() - started)
         self.last_tick_ok = time.monotonic()
         return 0.0

@@ -267,3 +267,19 @@ def test_the_first_tick_collects_everything_even_when_woken_as_a_push(
     assert daemon._full_gc_at == 5.0 + loop_module.FULL_GC_S
     # The baseline is what was frozen then (frozen objects freed since lower the live count).
     assert daemon._frozen_after_full >= loop_module.FROZEN_FLOOR
+
+
+def test_a_slow_tick_logs_where_its_time_went(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    daemon = _daemon(_repo(tmp_path), FakeRay())
+    caplog.set_level(logging.INFO, logger="argus")
+    assert daemon.run_once() == 0.0
+    assert not [r for r in caplog.records if "slow tick" in r.getMessage()]  # a small repository: fast
+    monkeypatch.setattr(loop_module, "SLOW_S", 0.0)
+    assert daemon.run_once(pushed=True) == 0.0
+    slow = [json.loads(r.getMessage()) for r in caplog.records if "slow tick" in r.getMessage()]
+    assert len(slow) == 1
+    assert slow[0]["pushed"] is True
+    assert list(slow[0]["phases"]) == ["fetch", "read", "observe", "tick", "collect", "report"]
+    assert slow[0]["seconds"] == pytest.approx(sum(slow[0]["phases"].values()), abs=0.01)
