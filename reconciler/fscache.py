@@ -27,6 +27,7 @@ a refresh starts every folder over, and the table holds again only what the load
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from reconciler.spec.paths import FileSystem
@@ -35,6 +36,7 @@ Question = tuple[str, str]  # (method, path)
 Scope = str | None  # a user folder's name; None: every folder
 # The table may hold GROWTH times what a load from scratch asked, plus SLACK, before it starts over.
 GROWTH, SLACK = 2, 1024
+CHECK_EVERY = 256  # questions asked again between two looks at whether a refresh is to stop
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -111,22 +113,28 @@ class CachedFS(_Answers):
         with self._lock:
             return len(self._answers) + len(self._askers) + len(self._stamps)
 
-    def refresh(self) -> None:
+    def refresh(self, interrupted: Callable[[], bool] | None = None) -> bool:
         """Ask ``inner`` again every question some folder asked; give a new generation to every
         folder whose answer changed (to every folder when one asked by ``None`` did, or when the
         table outgrew its bound) and start a new ``generation``. Answers nobody asked through a
-        scope are forgotten. Never raises for ``inner``: a question it raises for counts as changed."""
+        scope are forgotten. Never raises for ``inner``: a question it raises for counts as changed.
+
+        ``interrupted`` is called every :data:`CHECK_EVERY` questions: when it returns True the
+        refresh stops and changes nothing (a push waiting: at 100,000 objects a refresh took 12 s
+        beside the first status write). Returns whether the refresh was made."""
         with self._refreshing:
             with self._lock:
                 before = {key: self._answers.get(key, _GONE) for key in self._askers}
             # The file system is asked outside the lock: other threads' questions are not held up.
             fresh: dict[Question, object] = {}
             failed: list[Question] = []
-            for key in before:
+            for n, key in enumerate(before, 1):
                 try:
                     fresh[key] = getattr(self.inner, key[0])(key[1])
                 except Exception:
                     failed.append(key)
+                if interrupted is not None and not n % CHECK_EVERY and interrupted():
+                    return False
             with self._lock:
                 self.generation += 1
                 # Askers as they are now: a scope may have asked (and got the old answer) meanwhile.
@@ -160,6 +168,7 @@ class CachedFS(_Answers):
                     if key not in answers and key in self._answers:
                         answers[key] = self._answers[key]  # first asked during this refresh
                 self._answers = answers
+        return True
 
     def _get(self, what: str, path: str) -> object:
         return self._ask(what, path, None, False)

@@ -43,6 +43,9 @@ FROZEN_FLOOR = 100_000  # objects: below this a small daemon's frozen heap never
 FROZEN_HARD = 3.0
 # A tick (or a timer tick's file-system re-check) slower than this is logged with where its time went.
 SLOW_S = 1.0
+# A timer tick's file-system re-check gives way to a push, unless none finished for this many
+# observe intervals.
+REFRESH_STALE = 6
 _TICK = "tick"  # the loop's back-off key
 
 
@@ -122,6 +125,7 @@ class Daemon:
         # When the next full collection is due (:meth:`collect`); -inf: none made yet, so the first
         # tick makes one whatever woke it (the baseline the growth bounds are measured from).
         self._full_gc_at = -math.inf
+        self._refreshed_at = time.monotonic()  # the first load asked the file system
         self._frozen_after_full = FROZEN_FLOOR  # objects frozen right after the last full collection
         # Objects frozen since, counted tick by tick: gc.get_freeze_count() walks the whole frozen
         # heap (~30 ms at 10,000 objects, ten times that at 100,000), too dear to ask every tick.
@@ -198,11 +202,21 @@ class Daemon:
             if self.stop.is_set():
                 break
             if not pushed:  # timer ticks re-check the file system and capacity; pushes reuse them
-                began = time.monotonic()
-                self.parts.revisions.refresh_fs()
+                self.refresh_fs()
                 self.parts.observer.forget_capacity()
-                _log_if_slow("slow file-system re-check", {"refresh_fs": time.monotonic() - began}, pushed)
             backoff = self.run_once(pushed=pushed)
+
+    def refresh_fs(self) -> None:
+        """Re-check the file-system answers the loads rely on. A push that arrives meanwhile stops
+        the re-check (it is made again on the next timer tick), unless the last one that finished
+        is older than :data:`REFRESH_STALE` observe intervals: a steady stream of pushes cannot
+        keep the file system from being looked at."""
+        began = time.monotonic()
+        stale = began - self._refreshed_at > REFRESH_STALE * self.observe_interval
+        done = self.parts.revisions.refresh_fs(interrupted=None if stale else self.wake.is_set)
+        if done:
+            self._refreshed_at = time.monotonic()
+        _log_if_slow("slow file-system re-check", {"refresh_fs": time.monotonic() - began}, False)
 
     def run_once(self, *, pushed: bool = False) -> float:
         """One tick; its status write follows (in the background writer when started).

@@ -148,12 +148,14 @@ class RevisionReader:
         self._ids = (snap.commit, ids)
         return ids, patched
 
-    def refresh_fs(self) -> None:
+    def refresh_fs(self, interrupted: Callable[[], bool] | None = None) -> bool:
         """Check remembered file-system answers again (the loop does it on timer ticks, not on
-        pushes): the next read re-loads the user folders whose answers changed."""
+        pushes): the next read re-loads the user folders whose answers changed. ``interrupted``:
+        see :meth:`reconciler.fscache.CachedFS.refresh`. Returns False when it was interrupted."""
         refresh = getattr(self.fs, "refresh", None)
         if callable(refresh):
-            refresh()
+            return bool(refresh(interrupted))
+        return True
 
     def memo_sizes(self) -> dict[str, int]:
         """How many entries each memo holds (the soak checks they stay bounded)."""

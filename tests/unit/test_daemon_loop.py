@@ -283,3 +283,30 @@ def test_a_slow_tick_logs_where_its_time_went(
     assert slow[0]["pushed"] is True
     assert list(slow[0]["phases"]) == ["fetch", "read", "observe", "tick", "collect", "report"]
     assert slow[0]["seconds"] == pytest.approx(sum(slow[0]["phases"].values()), abs=0.01)
+
+
+def test_a_timer_ticks_file_system_recheck_gives_way_to_a_push_within_a_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    daemon = _daemon(_repo(tmp_path), FakeRay())
+    revisions = daemon.parts.revisions
+    real = revisions.refresh_fs
+    calls: list[bool | None] = []
+
+    def spy(interrupted: Any = None) -> bool:
+        calls.append(None if interrupted is None else interrupted())
+        return real(interrupted) if interrupted is None else not interrupted()
+
+    monkeypatch.setattr(revisions, "refresh_fs", spy)
+    daemon.wake.set()  # a push is waiting
+    at = daemon._refreshed_at
+    daemon.refresh_fs()
+    assert calls == [True] and daemon._refreshed_at == at  # stopped: made again next timer tick
+    daemon.wake.clear()
+    daemon.refresh_fs()
+    assert calls[-1] is False and daemon._refreshed_at > at
+    # None finished for REFRESH_STALE intervals: a push waits for it.
+    daemon._refreshed_at -= loop_module.REFRESH_STALE * daemon.observe_interval + 1
+    daemon.wake.set()
+    daemon.refresh_fs()
+    assert calls[-1] is None

@@ -455,3 +455,26 @@ def test_after_any_file_system_changes_refreshes_and_pushes_the_load_equals_a_fu
                 assert got == load(files, fs=inner, cache=ParseCache())
         fs.refresh()
         assert loader.load(files, fs=fs) == load(files, fs=inner, cache=ParseCache())
+
+
+def test_an_interrupted_refresh_changes_nothing(tmp_path: Path) -> None:
+    """A push waiting stops the timer tick's re-check; what was asked so far is thrown away."""
+    fs = CachedFS(LocalFS())
+    folders = [tmp_path / f"d{i}" for i in range(3 * fscache.CHECK_EVERY)]
+    for folder in folders:
+        assert not fs.scope("alice").exists(str(folder))
+    generation, stamp = fs.generation, fs.generation_of("alice")
+    folders[-1].mkdir()
+    looks: list[int] = []
+
+    def push_waiting() -> bool:
+        looks.append(1)
+        return len(looks) == 2  # a push arrived while the second batch of questions was asked
+
+    assert fs.refresh(push_waiting) is False
+    assert len(looks) == 2
+    assert (fs.generation, fs.generation_of("alice")) == (generation, stamp)
+    assert not fs.scope("alice").exists(str(folders[-1]))  # the old answer, until a refresh ends
+    assert fs.refresh(lambda: False) is True
+    assert fs.generation == generation + 1 and fs.generation_of("alice") != stamp
+    assert fs.scope("alice").exists(str(folders[-1]))
