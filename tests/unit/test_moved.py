@@ -8,20 +8,43 @@ from hypothesis import strategies as st
 from reconciler.plan.moved import moved
 
 VALUES = [(1,), (1,), (2,), "a", 0, 0.0]  # equal but distinct objects, and values equal across types
-entries = st.dictionaries(st.integers(0, 12), st.integers(0, len(VALUES) - 1), max_size=10)
+entries = st.lists(st.tuples(st.integers(0, 12), st.integers(0, len(VALUES) - 1)), max_size=14)
 
 
-@given(old=entries, new=entries, same_order=st.booleans(), reverse=st.booleans())
+@given(
+    old=entries,
+    edits=st.lists(st.tuples(st.sampled_from(["set", "drop", "add"]), st.integers(0, 13), st.integers(0, 5))),
+    shuffle=st.randoms(use_true_random=False),
+    reorder=st.booleans(),
+    same_keys=st.booleans(),
+)
 def test_moved_names_the_keys_that_differ(
-    old: dict[int, int], new: dict[int, int], same_order: bool, reverse: bool
+    old: list[tuple[int, int]],
+    edits: list[tuple[str, int, int]],
+    shuffle: object,
+    reorder: bool,
+    same_keys: bool,
 ) -> None:
-    if same_order:  # the common case in a tick: the same keys, in one order
-        new = {k: new.get(k, v) for k, v in old.items()}
-    if reverse:
-        new = dict(reversed(list(new.items())))
-    a = {k: VALUES[i] for k, i in old.items()}
-    b = {k: VALUES[i] for k, i in new.items()}
-    keys = a.keys() | b.keys()
+    keys = {k: (f"k{k}",) for k, _ in old}  # tuples: equal keys need not be the same object
+    before = {keys[k]: VALUES[v] for k, v in old}
+    after = dict(before)  # the tick's way: the last mapping's key objects, in its order
+    for op, k, v in edits:
+        key = keys.get(k) if same_keys and k in keys else (f"k{k}",)
+        if op == "set" and key in after:
+            after[key] = VALUES[v]
+        elif op == "drop":
+            after.pop(key, None)
+        else:  # an insertion in the middle of the order
+            items = list(after.items())
+            at = min(v, len(items))
+            after = dict([*items[:at], (key, VALUES[v]), *items[at:]])
+    if reorder:
+        items = list(after.items())
+        shuffle.shuffle(items)  # type: ignore[attr-defined]
+        after = dict(items)
+    every = before.keys() | after.keys()
     absent = object()
-    assert moved(b, a, same_object=True) == {k for k in keys if a.get(k, absent) is not b.get(k, absent)}
-    assert moved(b, a) == {k for k in keys if k not in a or k not in b or a[k] != b[k]}
+    assert moved(after, before, same_object=True) == {
+        k for k in every if before.get(k, absent) is not after.get(k, absent)
+    }
+    assert moved(after, before) == {k for k in every if k not in before or k not in after or before[k] != after[k]}
