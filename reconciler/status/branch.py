@@ -46,6 +46,7 @@ AUTHOR = {
 # 100,000 entries). The shared part lies in the repository's git folder, one per tree read: each
 # one no index uses any more is removed when the next is written (the repository's index is the
 # writer's alone). Given as options, not GIT_CONFIG_* variables, which would replace a deployment's own.
+PACK_AT = 5_000  # blobs written at once from which hash_blobs writes packs, this many a pack
 SPLIT_INDEX = ("-c", "core.splitIndex=true", "-c", "splitIndex.sharedIndexExpire=now")
 
 
@@ -60,10 +61,13 @@ def read_documents(
 
 
 def hash_blobs(repo: str, contents: Mapping[str, bytes]) -> dict[str, str]:
-    """Write ``contents`` as blobs in one git process; return path -> blob id."""
+    """Write ``contents`` as blobs in one git process; return path -> blob id. Many at once (a
+    first status write, a ``cluster.yaml`` change) go into packs (:func:`_pack_blobs`)."""
     if not contents:
         return {}
     paths = sorted(contents)
+    if len(paths) >= PACK_AT:
+        return _pack_blobs(repo, paths, contents)
     with tempfile.TemporaryDirectory() as tmp:
         names = []
         for i, path in enumerate(paths):
@@ -75,6 +79,29 @@ def hash_blobs(repo: str, contents: Mapping[str, bytes]) -> dict[str, str]:
             repo, "hash-object", "-w", "--no-filters", "--stdin-paths", input=("\n".join(names) + "\n").encode()
         )
     return dict(zip(paths, out.decode().split(), strict=True))
+
+
+def _pack_blobs(repo: str, paths: list[str], contents: Mapping[str, bytes]) -> dict[str, str]:
+    """:func:`hash_blobs` through ``git fast-import``: one pack per :data:`PACK_AT` blobs instead
+    of a temporary file and a loose object for each (100,000 documents: 8 s, and 100,000 files
+    in the repository). The stream is sent a batch at a time, so it holds a batch's bytes twice."""
+    out: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        marks = os.path.join(tmp, "marks")
+        for start in range(0, len(paths), PACK_AT):
+            batch = paths[start : start + PACK_AT]
+            stream = bytearray()
+            for mark, path in enumerate(batch, 1):
+                data = contents[path]
+                stream += b"blob\nmark :%d\ndata %d\n" % (mark, len(data))
+                stream += data
+                stream += b"\n"
+            stream += b"done\n"
+            git.run(repo, "fast-import", "--quiet", "--done", f"--export-marks={marks}", input=bytes(stream))
+            with open(marks, encoding="ascii") as fh:
+                ids = dict(line.split() for line in fh if line.strip())
+            out.update((path, ids[f":{mark}"]) for mark, path in enumerate(batch, 1))
+    return out
 
 
 def tree_blobs(repo: str, commit: str) -> dict[str, str]:

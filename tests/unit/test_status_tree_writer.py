@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from reconciler import git
 from reconciler.errors import ConcurrentWrite
+from reconciler.status import branch as branch_module
 from reconciler.status.branch import TreeWriter, hash_blobs, tree_blobs
 
 PATHS = ["README.md", "users/a/tasks/t.yaml", "users/a/models/m.yaml", "users/b/tasks/t.yaml", "x/y/z.yaml"]
@@ -95,3 +96,21 @@ def test_two_indexes_on_one_repository_each_recover_from_the_other(tmp_path: Pat
         tip = writer.commit("status", more, f"{i}\n", tip, files, changed=set(more) - set(files))
         assert tip is not None and tree_blobs(repo, tip) == more
         files = more
+
+
+@pytest.mark.parametrize("pack_at", [3, 10_000])
+def test_blobs_are_written_with_the_ids_git_gives_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pack_at: int
+) -> None:
+    """Many blobs at once go through fast-import's packs, a few through hash-object: same ids."""
+    monkeypatch.setattr(branch_module, "PACK_AT", pack_at)
+    repo = str(tmp_path)
+    subprocess.run(["git", "init", "-q", "--bare", repo], check=True)
+    contents = {f"users/u/tasks/t{i}.yaml": b"x\n" * i + b"\0\nend" * (i % 2) for i in range(8)}
+    contents["README.md"] = b""
+    ids = hash_blobs(repo, contents)
+    assert set(ids) == set(contents)
+    for path, data in contents.items():
+        want = subprocess.run(["git", "hash-object", "--stdin"], input=data, capture_output=True, check=True)
+        assert ids[path] == want.stdout.decode().strip()
+        assert git.run(repo, "cat-file", "blob", ids[path]) == data
