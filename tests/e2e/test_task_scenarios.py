@@ -181,6 +181,15 @@ def wait_gpus_free(env: Env, gpus: float = 2.0, timeout: float = 60.0) -> None:
     raise AssertionError(f"only {free:g} GPUs free after {timeout:.0f} s")
 
 
+def why(result: Result, name: str) -> str:
+    """Why ``name`` is in the state it is: its state and reason, the tick's notes and every
+    object's state (a failure message pytest does not shorten)."""
+    obj = result.obj(name)
+    others = {o.get("object"): (o.get("state"), o.get("reason")) for o in result.out.get("objects", [])}
+    seen = {"notes": result.out.get("notes"), "objects": others}
+    return f"{name} {obj.get('state')}: {obj.get('reason')!r}; {json.dumps(seen, default=str)[:3000]}"
+
+
 def task_yaml(command: str, gpus: int = 1, **fields: Any) -> dict[str, Any]:
     return {"kind": "Task", "workload": "command", "command": command, "gpus_per_node": gpus, **fields}
 
@@ -248,7 +257,7 @@ def test_second_two_gpu_task_waits_for_the_first(env: Env) -> None:
 
     first = reconcile(env)
     assert first.rc == 0, (first.out, first.stderr)
-    assert first.state("big-a") == "SUBMITTED", first.obj("big-a")
+    assert first.state("big-a") == "SUBMITTED", why(first, "big-a")
     queued = first.obj("big-b")
     assert queued["state"] == "QUEUED" and queued["submission_id"] is None
     assert "insufficient capacity" in queued["reason"] and "short by 2 GPU" in queued["reason"], queued
@@ -293,7 +302,7 @@ def test_a_task_larger_than_the_cluster_blocks_nobody(env: Env) -> None:
         assert (huge["state"], huge["submission_id"]) == ("UNSCHEDULABLE", None), huge
         assert "needs 4 GPU, 1 worker_node but the whole cluster has 2 GPU" in huge["reason"], huge
         small = next(o for o in first.out["objects"] if o["object"] == "grace/tasks/small")
-        assert small["state"] == "SUBMITTED", small
+        assert small["state"] == "SUBMITTED", why(first, "huge") + f"; small: {small.get('reason')!r}"
         wait_job(dash, str(small["submission_id"]), {"SUCCEEDED"})
         again = reconcile(env)
         assert again.state("huge") == "UNSCHEDULABLE"
@@ -338,9 +347,8 @@ def test_exactly_one_job_per_spec_hash(env: Env) -> None:
         )
         for _ in range(3)
     ]
-    for proc in procs:
-        proc.communicate(timeout=120)
-    assert len(frank_jobs(dash, "once")) == 1
+    outs = [proc.communicate(timeout=120)[0] for proc in procs]
+    assert len(frank_jobs(dash, "once")) == 1, [o.decode(errors="replace")[-2000:] for o in outs]
     for _ in range(3):
         reconcile(env)
     reconcile_until(env, lambda r: r.state("once") == "SUCCEEDED", "once SUCCEEDED", timeout=60)
