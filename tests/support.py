@@ -163,21 +163,28 @@ def wait_for(check: Callable[[], Any], what: str, timeout: float = 60.0, every: 
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
-def remove_apps(dash: Dashboard, doomed: Callable[[str], bool]) -> None:
-    """PUT every declarative Serve app except the ``doomed`` ones, so the Serve instance the
-    test session shares stays as other modules expect it."""
+def remove_apps(dash: Dashboard, doomed: Callable[[str], bool], timeout: float = 300.0) -> None:
+    """PUT every declarative Serve app except the ``doomed`` ones, and wait until Serve lists
+    none of them, so the Serve instance the test session shares is as other modules expect it: an
+    ``argus--`` app still being deleted is every argus's (its replicas hold what they held), and
+    the next module's admission counted one for minutes once (vLLM on CPU stops slowly)."""
     from reconciler.observe.serve import observe_serve
 
     obs = observe_serve(dash)
     keep = [a for n, a in obs.apps.items() if not doomed(n)]
-    if len(keep) == len(obs.apps):
-        return
-    body: dict[str, Any] = {"applications": keep}
-    if obs.http_options:
-        body["http_options"] = obs.http_options
-    if obs.proxy_location:
-        body["proxy_location"] = obs.proxy_location
-    dash.put("/api/serve/applications/", body)
+    gone = {n for n in obs.apps if doomed(n)}  # declarative apps: what the PUT removes
+    if gone:
+        body: dict[str, Any] = {"applications": keep}
+        if obs.http_options:
+            body["http_options"] = obs.http_options
+        if obs.proxy_location:
+            body["proxy_location"] = obs.proxy_location
+        dash.put("/api/serve/applications/", body)
+    wait_for(
+        lambda: not gone & observe_serve(dash).statuses.keys(),
+        "the removed Serve applications to be gone",
+        timeout=timeout,
+    )
 
 
 TASK_RAW_FIELDS = (
