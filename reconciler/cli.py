@@ -21,7 +21,7 @@ from reconciler.dashboard import Dashboard
 from reconciler.errors import ArgusError, Issue, MissingExtra
 from reconciler.plan import render
 from reconciler.plan.actions import ActionType
-from reconciler.plan.actual import ActualState
+from reconciler.plan.actual import ActualState, NodeCapacity
 from reconciler.plan.admission import unschedulable
 from reconciler.plan.planner import plan as make_plan
 from reconciler.redact import redact, redact_url
@@ -151,14 +151,17 @@ def load_dir(directory: str, offline: bool, *, quiet: bool = False) -> DesiredSt
     return state
 
 
-def never_runs(state: DesiredState, total: dict[str, float] | None = None) -> tuple[list[Issue], list[str]]:
+def never_runs(
+    state: DesiredState, total: dict[str, float] | None = None, nodes: Sequence[NodeCapacity] = ()
+) -> tuple[list[Issue], list[str]]:
     """Objects that ask for more GPUs than their user's quota (or, with ``total``, than the whole
-    cluster has): valid files that will never run as written (``UNSCHEDULABLE``; they block nobody).
+    cluster has; with ``nodes``, than its nodes hold, a task's ``gpus_per_node`` on one node):
+    valid files that will never run as written (``UNSCHEDULABLE``; they block nobody).
 
     Returns (errors, warnings): an error each, unless the file says ``may_wait: true``, then a warning."""
     errors: list[Issue] = []
     warnings: list[str] = []
-    for key, why in unschedulable(state, total):
+    for key, why in unschedulable(state, total, nodes):
         spec = state.models.get(key) or state.tasks.get(key)
         line = state.models[key].line if key in state.models else 0
         if spec is not None and spec.may_wait:
@@ -222,7 +225,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     result = make_plan(state, actual, now=int(time.time()))
     if any(a.type is ActionType.DEPLOY_MODEL for a in result.actions):
         result.notes.append(SQUASH_NOTE)
-    never, warnings = never_runs(state, dict(actual.capacity.total) or None)
+    never, warnings = never_runs(state, dict(actual.capacity.total) or None, actual.capacity.nodes)
     issues: list[Issue] = sorted([*state.issues, *never])
     not_checked = [*state.skipped]
     if not actual.capacity.total:

@@ -8,11 +8,16 @@ JSON form (documented in docs/users/pr-workflow.md)::
      "jobs": [{"submission_id": "argus--alice--grpo--1a2b3c4d", "user": "alice", "task": "grpo",
                "spec_hash": "...", "status": "RUNNING", "message": "", "resources": {"GPU": 2},
                "hf_checkpoint": null, "start_time": 0, "end_time": null}],
-     "capacity": {"total": {"GPU": 8, "CPU": 64}, "available": {"GPU": 4, "CPU": 40}},
+     "capacity": {"total": {"GPU": 8, "CPU": 64}, "available": {"GPU": 4, "CPU": 40},
+                  "nodes": [{"node_id": "5f1e", "total": {"GPU": 4, "CPU": 32}, "available": {"GPU": 0, "CPU": 20}},
+                            {"node_id": "9ab2", "total": {"GPU": 4, "CPU": 32}, "available": {"GPU": 4, "CPU": 20}}]},
      "first_seen": {"alice/tasks/grpo": 1767225600}}
 
 ``spec`` (optional, on models and jobs) is the spec the object was deployed or submitted with,
-for field-level diffs; ``first_seen`` (optional) is when the daemon first saw each object.
+for field-level diffs; ``first_seen`` (optional) is when the daemon first saw each object;
+``capacity.nodes`` (optional) is each alive node's resources: without it only the sums are
+checked, with it a task's ``nodes`` x ``gpus_per_node`` and a model replica's GPUs must fit on
+single nodes (:mod:`reconciler.plan.placement`).
 """
 
 from __future__ import annotations
@@ -78,6 +83,8 @@ class ActualJob:
     end_time: int | None = None
     revision: str | None = None
     spec: Mapping[str, Any] | None = None  # the task spec it was submitted with (field-level diffs)
+    checkpoint_step: int | None = None  # a running run's newest checkpoint step (its run folder's tracker)
+    resumed_from_step: int | None = None  # a resumed attempt: the checkpoint step it resumed from (0: none)
 
     @property
     def active(self) -> bool:
@@ -91,11 +98,22 @@ class ActualJob:
 
 
 @dataclass(frozen=True)
+class NodeCapacity:
+    """One alive Ray node's resources (``total`` and currently ``available``), by Ray's node id."""
+
+    node_id: str
+    total: Resources = field(default_factory=dict)
+    available: Resources = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Capacity:
-    """Cluster resources as Ray reports them (``total`` and currently ``available``)."""
+    """Cluster resources as Ray reports them (``total`` and currently ``available``), summed over
+    nodes, and per node (``nodes``; empty: not known, and only the sums are checked)."""
 
     total: Resources = field(default_factory=dict)
     available: Resources = field(default_factory=dict)
+    nodes: tuple[NodeCapacity, ...] = ()
 
 
 @dataclass
@@ -182,7 +200,11 @@ class ActualState:
                 }
                 for j in sorted(self.jobs, key=lambda j: j.submission_id)
             ],
-            "capacity": {"total": dict(self.capacity.total), "available": dict(self.capacity.available)},
+            "capacity": {
+                "total": dict(self.capacity.total),
+                "available": dict(self.capacity.available),
+                **({"nodes": [_node_json(n) for n in self.capacity.nodes]} if self.capacity.nodes else {}),
+            },
             "recorded_runs": [
                 {
                     "submission_id": j.submission_id,
@@ -250,6 +272,14 @@ class ActualState:
             capacity = Capacity(
                 total={k: float(v) for k, v in cap.get("total", {}).items()},
                 available={k: float(v) for k, v in cap.get("available", {}).items()},
+                nodes=tuple(
+                    NodeCapacity(
+                        node_id=str(n["node_id"]),
+                        total={k: float(v) for k, v in n.get("total", {}).items()},
+                        available={k: float(v) for k, v in n.get("available", {}).items()},
+                    )
+                    for n in cap.get("nodes") or []
+                ),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             what = f"missing field {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
@@ -263,6 +293,10 @@ class ActualState:
             first_seen=first_seen,
             preempted=preempted,
         )
+
+
+def _node_json(node: NodeCapacity) -> dict[str, Any]:
+    return {"node_id": node.node_id, "total": dict(node.total), "available": dict(node.available)}
 
 
 def _mapping(value: object) -> Mapping[str, Any] | None:

@@ -5,7 +5,12 @@
   author cannot move ahead by back-dating commits: a file first seen now is behind every
   object seen before, whatever its commit date says.
 - A request larger than the whole cluster (``capacity.total``) or than its user's GPU quota
-  can never be admitted as written: it is ``UNSCHEDULABLE`` and blocks nobody.
+  can never be admitted as written: it is ``UNSCHEDULABLE`` and blocks nobody. So is one whose
+  parts (a task's ``nodes`` x ``gpus_per_node``, a model's replicas) cannot be packed onto the
+  nodes' total resources, when Ray reports nodes (``capacity.nodes``).
+- Per node: a request that fits the summed free resources but not the nodes' free resources is
+  queued, and never preempts (argus does not observe on which node running work is); one that
+  is admitted takes its parts from specific nodes (:mod:`reconciler.plan.placement`).
 - Policy (``admission.policy`` in cluster.yaml): ``BestEffortFIFO`` (default, Kueue's) lets a
   later request that fits start while an earlier one waits for more resources;
   ``StrictFIFO`` makes later requests for a resource wait behind the first one that waits for it.
@@ -20,13 +25,14 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from reconciler.plan.actions import Action, ActionType, Plan
-from reconciler.plan.actual import ActualState, Capacity
+from reconciler.plan.actual import ActualState, Capacity, NodeCapacity
 from reconciler.plan.demand import model_resources_per_replica, task_resources
 from reconciler.plan.diff import summarise
+from reconciler.plan.placement import demand_parts, model_parts, never_fits, request_parts, task_parts, unit_of
 from reconciler.plan.preemption import choose_victims, may_preempt, running_work, victim_action
 from reconciler.plan.quota import EPS, Ledger, fmt, quota_use
 from reconciler.spec.types import GPU, NO_TEAM, ClusterSpec, DesiredState, ObjectKey
@@ -113,9 +119,12 @@ def over_cluster(request: Mapping[str, float], total: Mapping[str, float]) -> st
     return None
 
 
-def unschedulable(desired: DesiredState, total: Mapping[str, float] | None = None) -> list[tuple[ObjectKey, str]]:
+def unschedulable(
+    desired: DesiredState, total: Mapping[str, float] | None = None, nodes: Sequence[NodeCapacity] = ()
+) -> list[tuple[ObjectKey, str]]:
     """Every valid, active object of ``desired`` that can never be admitted as written, with
-    why (for ``argus validate``, which knows the quotas but not, offline, the cluster's size)."""
+    why (for ``argus validate``, which knows the quotas but not, offline, the cluster's size;
+    ``argus plan --actual`` passes the cluster's ``total`` and its ``nodes``)."""
     out: list[tuple[ObjectKey, str]] = []
     cluster = desired.cluster
     for key, model in sorted(desired.models.items()):
@@ -125,12 +134,14 @@ def unschedulable(desired: DesiredState, total: Mapping[str, float] | None = Non
         request = {r: v * model.replicas for r, v in per.items()}
         amount = {GPU: float(model.gpus_per_replica * model.replicas)}
         why = over_quota(amount, key.user, cluster, False) or over_cluster(request, total or {})
+        why = why or never_fits(model_parts(model, cluster, model.replicas), nodes, "replica")
         if why:
             out.append((key, why))
     for key, task in sorted(desired.tasks.items()):
         if task.suspend:
             continue
         why = too_big(task_resources(task, cluster), key.user, cluster, total or {}, task=True)
+        why = why or never_fits(task_parts(task, cluster), nodes, "node")
         if why:
             out.append((key, why))
     return out
@@ -158,7 +169,7 @@ def admit(
     cluster = desired.cluster
     if not cands and not cluster.teams:  # steady state: nothing waits for admission, no accounting needed
         return out
-    ledger = Ledger.of(cluster, actual, capacity)
+    ledger = Ledger.of(cluster, actual, capacity, desired)
     if cands and not ledger.known:
         result.notes.append("capacity unknown (no capacity in the actual state): admission not checked")
     strict = cluster.admission.policy == "StrictFIFO"
@@ -191,13 +202,19 @@ def admit(
         pending.discard(action.key)
         never = over_quota(quota_amount(desired, action, cand.request), user, cluster, cand.task)
         never = f"ExceedsMaxQuota: {never}" if never else over_cluster(cand.request, capacity.total)
+        unit = unit_of(action.key)
+        if never is None and capacity.nodes:
+            never = never_fits(request_parts(desired, action.key), capacity.nodes, unit)
         if never is not None:
             out.append(_unschedulable(action, never))
             continue
         amount = amounts[action.key]
-        short = ledger.short(user, amount, action.demand)
+        parts = demand_parts(desired, action) if ledger.nodes is not None else ()
+        short = ledger.short(user, amount, action.demand) or ledger.node_short(parts, unit)
         behind = sorted(r for r, v in action.demand.items() if v > 0 and r in blocked) if ledger.known else []
-        if short is not None and short.kind != "user" and preempting and not behind:
+        # A shortage on single nodes only never preempts: argus does not observe on which node
+        # running work is, so it cannot tell whose stop would make room on one node.
+        if short is not None and short.kind not in ("user", "node") and preempting and not behind:
             victims = choose_victims(
                 ledger, action.key, priority[action.key], amount, action.demand, work, taken, now, actual.preempted
             )
@@ -209,7 +226,7 @@ def admit(
         if short is not None:
             waiting.append(len(out))
             out.append(_queued(action, short.reason))
-            if strict and short.kind == "capacity":
+            if strict and short.kind in ("capacity", "node"):
                 for r in short.resources:
                     blocked.setdefault(r, action.key)
             continue
@@ -219,6 +236,9 @@ def admit(
             out.append(_queued(action, f"strict first come, first served: waiting behind {firsts}"))
             continue
         ledger.take(user, amount, action.demand)
+        # Admitted after preemption, its parts may not fit the nodes' free resources yet: the
+        # victims' resources come back on nodes argus does not observe, so none are taken then.
+        ledger.place(parts)
         out.append(action)
     for place, index in enumerate(waiting, start=1):
         queued = out[index]

@@ -12,6 +12,11 @@ users in no team share one queue (``NO_TEAM``) with nominal quota 0, so all it r
 - **Borrowing limit**: a team never uses more than nominal + borrowing limit.
 - **Fair share**: a queue's dominant-resource share is its largest use beyond nominal, as a
   fraction of the pool, divided by its weight.
+- **Nodes**: when Ray reports resources per node, the ledger also keeps each node's free
+  resources, and admitted work takes its parts from specific nodes
+  (:mod:`reconciler.plan.placement`), so two objects admitted in one tick are never both
+  counted on one node's last GPUs. Work argus was granted that Ray has not placed yet (a job
+  Ray reports PENDING, a replica not running yet) is packed in the same way first.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from reconciler.plan.actual import ActualModel, ActualState, Capacity, sub
-from reconciler.spec.types import GPU, NO_TEAM, QUOTA_RESOURCES, SLOTS, ClusterSpec, Team
+from reconciler.plan.actual import ActualModel, ActualState, Capacity, NodeCapacity, sub
+from reconciler.plan.placement import Part, pack, short_on_nodes, task_parts
+from reconciler.spec.hashing import task_spec_hash
+from reconciler.spec.types import GPU, NO_TEAM, QUOTA_RESOURCES, SLOTS, ClusterSpec, DesiredState, Team
 
 EPS = 1e-9
 
@@ -58,7 +65,8 @@ def driver_slots(cluster: ClusterSpec, total: Mapping[str, float]) -> float | No
 
 @dataclass(frozen=True)
 class Short:
-    """Why a request does not fit now: ``kind`` is user | borrowing | pool | capacity."""
+    """Why a request does not fit now: ``kind`` is user | borrowing | pool | capacity | node
+    (the summed free resources suffice, but not on single nodes)."""
 
     kind: str
     reason: str
@@ -81,12 +89,22 @@ class Ledger:
     # The quota resources some team's quota names: the others are not managed by teams (a team
     # that declares only GPUs neither borrows nor lends driver slots).
     managed: tuple[str, ...] = ()
+    # Free resources per node (node id -> resources); None: Ray did not report nodes.
+    nodes: dict[str, dict[str, float]] | None = None
+    node_totals: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, cluster: ClusterSpec, actual: ActualState, capacity: Capacity) -> Ledger:
+    def of(
+        cls, cluster: ClusterSpec, actual: ActualState, capacity: Capacity, desired: DesiredState | None = None
+    ) -> Ledger:
+        """The ledger of what ``actual`` runs on ``capacity``. ``desired``: the tasks' specs, which
+        say how a pending job's resources split over nodes (without it, or for a job of another
+        spec, a pending job counts as one part)."""
         unplaced: dict[str, float] = {}
         committed: dict[str, float] = {}
         ledger = cls(cluster, bool(capacity.total or capacity.available), {}, {}, capacity.total)
+        pending: list[Part] = []
+        per_node = bool(capacity.nodes)
         # Plain loops: at 10,000 owned objects, building per-object dicts dominated the re-plan time.
         for model in actual.models.values():
             waiting = max(0, model.replicas - model.ready_replicas)
@@ -94,6 +112,8 @@ class Ledger:
                 committed[r] = committed.get(r, 0.0) + v * model.replicas
                 if waiting:
                     unplaced[r] = unplaced.get(r, 0.0) + v * waiting
+            if waiting and per_node:
+                pending.extend(model.resources_per_replica for _ in range(waiting))
             ledger._count(model.key.user, {GPU: model_gpus(model) * model.replicas}, 1.0)
         for job in actual.jobs:
             if not job.active:
@@ -102,12 +122,27 @@ class Ledger:
                 committed[r] = committed.get(r, 0.0) + v
                 if job.status != "RUNNING":
                     unplaced[r] = unplaced.get(r, 0.0) + v
+            if job.status != "RUNNING" and per_node:
+                spec = desired.tasks.get(job.key) if desired is not None else None
+                same = spec is not None and task_spec_hash(spec) == job.spec_hash
+                pending.extend(task_parts(spec, cluster) if spec is not None and same else [job.resources])
             ledger._count(job.key.user, quota_use(job.resources, task=True), 1.0)
         ledger.avail = sub(capacity.available, unplaced)
         ledger.cap = sub(capacity.total, committed)
         ledger.pool = ledger._pool()
         ledger.managed = tuple(r for r in QUOTA_RESOURCES if any(r in t.nominal for t in cluster.teams.values()))
+        if per_node:
+            ledger._nodes_of(capacity.nodes, pending)
         return ledger
+
+    def _nodes_of(self, nodes: tuple[NodeCapacity, ...], pending: list[Part]) -> None:
+        self.nodes = {n.node_id: dict(n.available) for n in nodes}
+        self.node_totals = {n.node_id: dict(n.total) for n in nodes}
+        # Ray has not said where pending work goes: each part takes room where argus would put
+        # it, and a part that fits nowhere is left out (Ray may already count it, as a replica
+        # whose placement group is reserved while its engine starts, or it waits for room).
+        for part in pending:
+            self.place([{r: v for r, v in part.items() if v > 0}])
 
     def _pool(self) -> dict[str, float | None]:
         out: dict[str, float | None] = {}
@@ -223,6 +258,16 @@ class Ledger:
                 return Short("capacity", why, tuple(sorted(short)))
         return None
 
+    def node_short(self, parts: list[Part] | tuple[Part, ...], unit: str) -> Short | None:
+        """Why ``parts`` (:mod:`reconciler.plan.placement`) do not fit the nodes' free resources
+        now, else None (and always None when Ray did not report nodes)."""
+        if self.nodes is None or not parts:
+            return None
+        why = short_on_nodes(parts, self.nodes, self.node_totals, unit)
+        if why is None:
+            return None
+        return Short("node", why, tuple(sorted({r for p in parts for r, v in p.items() if v > 0})))
+
     def _pool_short(self, resource: str, group: str, amount: float) -> bool:
         size = self.pool.get(resource)
         if size is None:
@@ -235,6 +280,21 @@ class Ledger:
         for r, v in demand.items():
             self.avail[r] = self.avail.get(r, 0.0) - v
             self.cap[r] = self.cap.get(r, 0.0) - v
+
+    def place(self, parts: list[Part] | tuple[Part, ...]) -> bool:
+        """Take ``parts`` from the nodes they pack onto; False (nothing taken) when they do not all
+        fit, or Ray did not report nodes. Kept apart from :meth:`take`: preemption takes and gives
+        back summed resources only, as it does not know on which node a victim runs."""
+        if self.nodes is None:
+            return False
+        taken = pack(parts, self.nodes)
+        if taken is None:
+            return False
+        for node, res in taken.items():
+            free = self.nodes[node]
+            for r, v in res.items():
+                free[r] = free.get(r, 0.0) - v
+        return True
 
     def give_back(self, user: str, amount: Mapping[str, float], real: Mapping[str, float]) -> None:
         self._count(user, amount, -1.0)
