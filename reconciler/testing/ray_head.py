@@ -117,24 +117,30 @@ class RayHead:
         once the raylet dies they are re-parented away from it. The whole process tree is
         therefore frozen (SIGSTOP, so nothing new is spawned), collected, then killed.
         """
-        frozen: set[int] = set()
-        while True:
-            tree = _descendants(self.process.pid) | {self.process.pid}
-            new = tree - frozen
-            if not new:
-                break
-            for pid in new:
-                _signal(pid, signal.SIGSTOP)
-            frozen |= new
-        for pid in frozen:
-            _signal(pid, signal.SIGKILL)
-        _signal_group(self.process.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=10)
-        # Wait for the kills to land, so the caller can delete temp_dir without a race.
-        deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in frozen) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _kill_tree(self.process)
+
+
+def _kill_tree(process: subprocess.Popen[bytes]) -> None:
+    """Kill ``process``, every process it started and its process group, and wait for the kills
+    to land (see :meth:`RayHead.stop` for why the tree is frozen first)."""
+    frozen: set[int] = set()
+    while True:
+        tree = _descendants(process.pid) | {process.pid}
+        new = tree - frozen
+        if not new:
+            break
+        for pid in new:
+            _signal(pid, signal.SIGSTOP)
+        frozen |= new
+    for pid in frozen:
+        _signal(pid, signal.SIGKILL)
+    _signal_group(process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=10)
+    # Wait for the kills to land, so the caller can delete temp_dir without a race.
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in frozen) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def restart_head(head: RayHead, timeout_s: float = 120.0) -> RayHead:
@@ -323,6 +329,104 @@ def start_head(
         time.sleep(1.0)
     head.stop()
     raise RuntimeError(f"Ray dashboard did not answer within {timeout_s:.0f} s:\n{_tail(log_path)}")
+
+
+# Ports a worker node (a raylet joining a head) listens on, besides the worker range.
+_WORKER_PORT_OPTIONS = (
+    "node-manager-port",
+    "object-manager-port",
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "metrics-export-port",
+    "runtime-env-agent-port",
+)
+
+
+@dataclass
+class RayWorker:
+    """A running worker node (an extra raylet of a private head): the process to kill."""
+
+    process: subprocess.Popen[bytes]
+    node_name: str  # the value of its ``argus_test_node`` resource: tells it apart in the dashboard
+    ports: Mapping[str, int]
+    log_path: str
+
+    def stop(self) -> None:
+        """Kill this raylet and every process it started (exactly its tree and process group)."""
+        _kill_tree(self.process)
+
+
+def start_worker(
+    head: RayHead,
+    *,
+    num_cpus: int = 2,
+    num_gpus: int = 0,
+    resources: Mapping[str, float] | None = None,
+    timeout_s: float = 120.0,
+) -> RayWorker:
+    """Start ``ray start --address=<head's GCS> --block`` in a new session: one more node of
+    ``head``'s cluster on this machine, with ``num_gpus`` logical GPUs and ``resources``, on free
+    ports (every port option and its own worker range), in the head's environment and auth mode.
+
+    The node also gets a resource ``argus_test_node_<n>: 1`` (its ``node_name``) so that a test
+    tells it apart. Returns the :class:`RayWorker` once the head's dashboard lists it alive;
+    raises RuntimeError (after killing it) when that takes longer than ``timeout_s`` or the
+    process exits early.
+    """
+    taken = {*head.ports.values(), head.serve_port, *range(head.worker_ports[0], head.worker_ports[1] + 1)}
+    ports: dict[str, int] = {}
+    for name in _WORKER_PORT_OPTIONS:
+        port = free_port()
+        while port in taken:
+            port = free_port()
+        ports[name] = port
+        taken.add(port)
+    first, last = free_port_range(100, exclude=taken)
+    node_name = f"argus_test_node_{ports['node-manager-port']}"
+    ray_bin = Path(sys.executable).with_name("ray")
+    cmd = [
+        str(ray_bin) if ray_bin.exists() else "ray",
+        "start",
+        f"--address={head.gcs_address}",
+        "--block",
+        "--disable-usage-stats",
+        "--node-ip-address=127.0.0.1",
+        f"--num-cpus={num_cpus}",
+        f"--num-gpus={num_gpus}",
+        f"--min-worker-port={first}",
+        f"--max-worker-port={last}",
+        *(f"--{name}={port}" for name, port in ports.items()),
+        f"--resources={json.dumps({**dict(resources or {}), node_name: 1})}",
+    ]
+    token = head.auth_token
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token} if token else {"RAY_AUTH_MODE": "disabled"}
+    full_env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **auth, **head.env}
+    log_path = os.path.join(head.temp_dir, f"ray-start-{node_name}.log")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    worker = RayWorker(proc, node_name, ports, log_path)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            worker.stop()
+            raise RuntimeError(f"ray start (worker) exited with {proc.returncode}:\n{_tail(log_path)}")
+        if _node_alive(head, node_name):
+            return worker
+        time.sleep(1.0)
+    worker.stop()
+    raise RuntimeError(f"worker node did not join within {timeout_s:.0f} s:\n{_tail(log_path)}")
+
+
+def _node_alive(head: RayHead, resource: str) -> bool:
+    """True when the head's dashboard lists an alive node offering ``resource``."""
+    headers = {"Authorization": f"Bearer {head.auth_token}"} if head.auth_token else {}
+    url = head.dashboard_url + "/api/v0/nodes?detail=1&limit=10000"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as resp:
+            nodes = json.load(resp)["data"]["result"]["result"]
+    except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError):
+        return False
+    return any(n.get("state") == "ALIVE" and resource in (n.get("resources_total") or {}) for n in nodes)
 
 
 def _dashboard_ready(url: str, token: str | None = None) -> bool:
