@@ -65,10 +65,14 @@ def _task_check() -> TaskCheck | None:
 
 
 def _model_check() -> ModelCheck | None:
-    """vLLM's own engine-argument check: the installed vLLM's table, or the pinned vLLM's shipped with argus."""
-    from reconciler.checks.engine_args import check_engine_kwargs, engine_arg_table
+    """vLLM's own engine-argument check, by ``serving.accelerator``: the table of the vLLM that accelerator's
+    image runs, shipped with argus, or the installed vLLM's when it is that version. Returns None when this
+    install has neither."""
+    from reconciler.checks.engine_args import check_engine_kwargs, vllm_available
+    from reconciler.checks.snapshots import VLLM_TABLES, vllm_snapshot
 
-    return check_engine_kwargs if engine_arg_table() is not None else None
+    shipped = any(vllm_snapshot(accelerator) is not None for accelerator in VLLM_TABLES)
+    return check_engine_kwargs if shipped or vllm_available() else None
 
 
 CHECK_EXTRA = "pip install 'argus-reconciler[check]'"
@@ -100,13 +104,15 @@ def skipped_checks(
     if any(m.engine_kwargs for m in state.models.values()) or any(k.kind == "model" for k in state.invalid):
         from reconciler.checks.engine_args import engine_arg_table
 
-        table = engine_arg_table() if model_check is not None else None
+        accelerator = state.cluster.serving.accelerator
+        table = engine_arg_table(accelerator) if model_check is not None else None
         if table is None:
             notes.append("vLLM's engine arguments could not be read: engine_kwargs were not checked against them")
         elif table.get("snapshot"):
+            other = f"; the vLLM installed here is {table['installed']}" if table.get("installed") else ""
             notes.append(
                 f"engine_kwargs were checked against vLLM {table.get('version')}'s engine arguments (the table "
-                "shipped with argus); the cluster's vLLM may differ"
+                f"shipped with argus for serving.accelerator: {accelerator}{other}); the cluster's vLLM may differ"
             )
     return notes
 

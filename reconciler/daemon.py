@@ -44,7 +44,9 @@ def default_task_check() -> TaskCheck | None:
 
 
 def default_model_check() -> ModelCheck | None:
-    """vLLM's engine-argument check when vLLM is installed (its table is read in a child process)."""
+    """vLLM's engine-argument check when vLLM is installed: the installed vLLM's table when it is the version
+    ``serving.accelerator``'s image runs (read in a child process), else the one shipped for it. Returns None
+    without vLLM."""
     from reconciler.checks.engine_args import check_engine_kwargs, vllm_available
 
     return check_engine_kwargs if vllm_available() else None

