@@ -144,21 +144,22 @@ def never_fits(parts: Sequence[Part], nodes: Sequence[NodeCapacity], unit: str) 
 
 def short_on_nodes(
     parts: Sequence[Part], free: Mapping[str, Mapping[str, float]], totals: Mapping[str, Mapping[str, float]], unit: str
-) -> str | None:
+) -> tuple[str, tuple[str, ...]] | None:
     """Why ``parts`` do not fit the nodes' ``free`` resources now (node id -> free; ``totals``:
     node id -> total, to leave out nodes that have none of what is asked), e.g. "insufficient
-    capacity per node: needs 1 node x 4 GPUs, each on one node; free per node: 2, 2 GPUs";
-    None when they fit."""
+    capacity per node: needs 1 node x 4 GPUs, each on one node; free per node: 2, 2 GPUs", with
+    the resources it is short of (the main one alone when it is short by itself); None when they fit."""
     if not parts or pack(parts, free) is not None:
         return None
     main = _main_of(parts)
     bare = [{main: p[main]} for p in parts if p.get(main, 0.0) > 0]
     names = [main] if bare and pack(bare, free) is None else _names(parts)
     shown = [res for node, res in free.items() if totals.get(node, {}).get(main, 0.0) > 0]
-    return (
+    why = (
         f"insufficient capacity per node: needs {describe(parts, unit, names)}, each on one node; "
         f"free per node: {_listing(shown, names, zeros=True)}"
     )
+    return why, tuple(sorted(names))
 
 
 def describe(parts: Sequence[Part], unit: str, names: Sequence[str]) -> str:

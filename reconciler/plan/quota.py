@@ -263,10 +263,8 @@ class Ledger:
         now, else None (and always None when Ray did not report nodes)."""
         if self.nodes is None or not parts:
             return None
-        why = short_on_nodes(parts, self.nodes, self.node_totals, unit)
-        if why is None:
-            return None
-        return Short("node", why, tuple(sorted({r for p in parts for r, v in p.items() if v > 0})))
+        short = short_on_nodes(parts, self.nodes, self.node_totals, unit)
+        return Short("node", *short) if short is not None else None
 
     def _pool_short(self, resource: str, group: str, amount: float) -> bool:
         size = self.pool.get(resource)

@@ -230,12 +230,14 @@ def test_short_on_nodes_says_what_each_node_has_free() -> None:
     free = {"head": {"CPU": 8.0}, "a": {"GPU": 2.0, "worker_node": 1.0}, "b": {"GPU": 2.0, "worker_node": 1.0}}
     parts = task_parts(task("c", "command", 1, 4), ClusterSpec())
     assert short_on_nodes(parts, free, totals, "node") == (
-        "insufficient capacity per node: needs 1 node x 4 GPUs, each on one node; free per node: 2, 2 GPUs"
+        "insufficient capacity per node: needs 1 node x 4 GPUs, each on one node; free per node: 2, 2 GPUs",
+        ("GPU",),
     )
     slots = {"head": {"CPU": 8.0}, "a": {"GPU": 4.0, "worker_node": 0.0}, "b": {"GPU": 0.0, "worker_node": 1.0}}
     assert short_on_nodes(parts, slots, totals, "node") == (
         "insufficient capacity per node: needs 1 node x 4 GPUs + 1 worker_node, each on one node; "
-        "free per node: 4 GPUs + 0 worker_node; 0 GPUs + 1 worker_node"
+        "free per node: 4 GPUs + 0 worker_node; 0 GPUs + 1 worker_node",
+        ("GPU", "worker_node"),
     )
     assert short_on_nodes(task_parts(task("c", "command", 1, 2), ClusterSpec()), free, totals, "node") is None
 
