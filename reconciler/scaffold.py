@@ -185,8 +185,7 @@ data:
   val: $HOME/data/gsm8k/test.parquet
 nodes: 1
 gpus_per_node: 1
-epochs: 1
-steps: 10
+steps: 10                            # optimizer steps; or epochs: N passes (both: whichever comes first)
 overrides: []                        # extra verl settings, e.g. "actor_rollout_ref.actor.optim.lr=1e-6"
 run: 1
 suspend: true                        # remove this line to start training when merged

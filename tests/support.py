@@ -213,7 +213,7 @@ def task_spec(user: str, name: str, workload: str = "command", **fields: Any) ->
         "data_val": None,
         "nodes": 1,
         "gpus_per_node": 1,
-        "epochs": 1,
+        "epochs": None,
         "steps": None,
         "overrides": (),
         "override_lines": (),
@@ -226,6 +226,8 @@ def task_spec(user: str, name: str, workload: str = "command", **fields: Any) ->
     }
     base.update(fields)
     raw = {k: base[k] for k in TASK_RAW_FIELDS}
+    if raw["epochs"] is None:  # the loader hashes a file without `epochs` as `epochs: 1`
+        raw["epochs"] = 1
     return TaskSpec(**base, raw={**raw, "name": name})
 
 

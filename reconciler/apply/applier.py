@@ -25,6 +25,7 @@ from reconciler.builders.jobs import job_submission
 from reconciler.builders.serve import app_name, model_app_config
 from reconciler.dashboard import Dashboard
 from reconciler.errors import ApplyDeferred, ArgusError, PermanentError, RayUnavailable, TemporaryError
+from reconciler.observe.jobs import resume_step
 from reconciler.observe.serve import ServeObservation
 from reconciler.plan.actions import ActionType, Plan
 from reconciler.plan.actual import PREEMPTED, ActualJob, ActualState
@@ -180,6 +181,7 @@ class Applier:
         attempt = (task.key, task_spec_hash(task))
         self._forget_other_specs(attempt)
         try:
+            step = resume_step(desired.cluster.paths, task, *resume) if resume[0] else None
             body = job_submission(
                 task,
                 desired.cluster,
@@ -189,6 +191,7 @@ class Applier:
                 ownership_key=self.ownership_key,
                 resume_from=resume[0],
                 first_attempt=resume[1],
+                resume_step=step,
             )
             submit_job(self.dash, body)
         except PermanentError as exc:

@@ -21,6 +21,9 @@ can rebuild everything from Ray alone:
                        holds
 ``argus-spec``         compact JSON of :func:`~reconciler.spec.hashing.task_spec_fields`
                        (a later plan names each changed field when it stops this run)
+``argus-resumed-from`` a resumed attempt only: the checkpoint step it resumes
+                       from (read from the folder it resumes from just before
+                       it was submitted; "0": there was none)
 =====================  ===================================================
 
 Labels prove nothing by themselves: code running on the cluster can reach the Jobs API and
@@ -62,6 +65,7 @@ LABEL_PROOF = "argus-proof"
 _PROOF_CONTEXT = b"argus-ownership-v2"
 
 LABEL_SPEC = "argus-spec"
+LABEL_RESUMED_FROM = "argus-resumed-from"
 
 ENV_RUN_DIR = "ARGUS_RUN_DIR"
 ENV_CHECKPOINT_DIR = "ARGUS_CHECKPOINT_DIR"
@@ -71,18 +75,28 @@ ENV_HOME = "HOME"
 # A preempted run resumes in a new attempt: ARGUS_RESUME=1 and the previous attempt's run folder.
 ENV_RESUME = "ARGUS_RESUME"
 ENV_RESUME_DIR = "ARGUS_RESUME_DIR"
+# ... and the step of the newest checkpoint found there (0: none), as the status reports it.
+ENV_RESUME_STEP = "ARGUS_RESUME_STEP"
+# verl's tracker of its newest checkpoint in a checkpoints folder (verl.utils.checkpoint.checkpoint_manager
+# get_checkpoint_tracker_filename): the step number, written after the global_step_<N> folder is complete.
+# A command task that writes checkpoints keeps the same layout, so argus reports (and resumes) it alike.
+CHECKPOINT_TRACKER = "latest_checkpointed_iteration.txt"
 
 PPO_MODULE = "verl.trainer.main_ppo"
 SFT_MODULE = "verl.trainer.sft_trainer_ray"
+# argus's own entry around verl's, for tasks bounded by both steps and epochs (epoch_bounds); its
+# install() also runs in every worker of such a job (Ray's worker_process_setup_hook): PPO's trainer
+# runs in a Ray actor, not in the driver.
+VERL_ENTRY = "reconciler.job_apps.verl_entry"
+VERL_SETUP_HOOK = f"{VERL_ENTRY}.install"
 
 # Small enough for any model on one GPU; verl refuses to start without them
 # (unless use_dynamic_bsz). Users tune them through `overrides`.
 MICRO_BATCH_PER_GPU = 4
 # GRPO's advantage is relative within a group of samples per prompt: n=1 learns nothing.
 GRPO_ROLLOUT_N = 4
-# verl's PPO trainer saves only when save_freq > 0 (then also at the last step);
-# the SFT trainer always saves at the last step. Bounded by the keep-limit below.
-SAVE_FREQ = 100
+# verl keeps this many checkpoints (older ones are deleted as new ones land): the newest one, plus the one
+# before it in case the job dies while writing the newest (verl moves its tracker file only after a save).
 CKPT_TO_KEEP = 2
 # `hf_model` makes verl write a servable HF folder (global_step_N/actor/huggingface).
 SAVE_CONTENTS = "[model,optimizer,extra,hf_model]"
@@ -172,15 +186,19 @@ def derived_overrides(task: TaskSpec, cluster: ClusterSpec, *, run_folder: str, 
         raise PermanentError(f"{task.key}: model and data.train must be resolved before building the job")
     ckpt = checkpoint_dir(run_folder)
     logger = "[console,wandb]" if wandb else "[console]"
+    epochs, steps = epoch_bounds(task)
     trainer = [
         f"trainer.nnodes={task.nodes}",
         f"trainer.n_gpus_per_node={task.gpus_per_node}",
-        f"trainer.total_epochs={task.epochs}",
-        *([f"trainer.total_training_steps={task.steps}"] if task.steps else []),
+        f"trainer.total_epochs={epochs}",
+        *([f"trainer.total_training_steps={steps}"] if steps is not None else []),
         f"trainer.project_name={hydra_value(task.key.user)}",
         f"trainer.experiment_name={hydra_value(task.key.name)}",
         f"trainer.default_local_dir={hydra_value(ckpt)}",
         f"trainer.logger={logger}",
+        # verl saves on this cadence and at its last step (both loops: `is_last_step or step % save_freq == 0`);
+        # with save_freq <= 0 the PPO loop never saves, not even at its end.
+        f"trainer.save_freq={cluster.training.checkpoint_every_steps}",
     ]
     # verl's data loader takes a list or a single file; an absent val set falls back to
     # the train file for PPO (its config requires one) and to null for SFT.
@@ -215,11 +233,36 @@ def derived_overrides(task: TaskSpec, cluster: ClusterSpec, *, run_folder: str, 
         ]
     out += [
         *trainer,
-        f"trainer.save_freq={SAVE_FREQ}",
         f"trainer.max_actor_ckpt_to_keep={CKPT_TO_KEEP}",
         f"trainer.max_critic_ckpt_to_keep={CKPT_TO_KEEP}",
     ]
     return out
+
+
+def epoch_bounds(task: TaskSpec) -> tuple[int, int | None]:
+    """Return ``(trainer.total_epochs, trainer.total_training_steps)`` for a verl task.
+
+    verl's loops (SFT's ``SFTTrainer.fit``, PPO's ``RayPPOTrainer.fit`` and v1 ``PPOTrainer.fit``) run
+    ``for epoch in range(total_epochs)`` over the data loader and stop early, saving, once the step
+    reaches ``total_training_steps`` (default: epochs x steps per epoch). So:
+
+    - ``steps: N`` alone: ``total_epochs = N`` as well. Every epoch is at least one step, so the epochs
+      cannot run out before step N, whatever the data set's size: the run reaches N and saves there.
+    - ``epochs: E`` alone: ``total_epochs = E`` and no step bound: the last step is E's last batch.
+    - both: ``E`` and ``N``; whichever comes first ends the run. When the epochs come first verl's loop
+      ends without reaching its last step (and so without its last save): :func:`job_submission` then
+      runs verl through :mod:`reconciler.job_apps.verl_entry`, which lowers the step bound to the
+      epochs' steps once the data loader is built.
+    - neither: one pass (``total_epochs = 1``).
+    """
+    if task.steps is not None and task.epochs is None:
+        return task.steps, task.steps
+    return task.epochs or 1, task.steps
+
+
+def bounded_by_both(task: TaskSpec) -> bool:
+    """True when a verl task gives both ``steps`` and ``epochs`` (whichever comes first ends it)."""
+    return task.workload != "command" and task.steps is not None and task.epochs is not None
 
 
 def verl_overrides(task: TaskSpec, cluster: ClusterSpec, *, run_folder: str, wandb: bool) -> list[str]:
@@ -238,11 +281,13 @@ def verl_config_name(task: TaskSpec) -> str:
 
 
 def verl_argv(task: TaskSpec, cluster: ClusterSpec, *, run_dir: str, wandb: bool) -> list[str]:
-    """Return the argv of a verl task: ``python3 -m <module> <overrides...>``.
+    """Return the argv of a verl task: ``python3 -m <module> <overrides...>``, or, for a task bounded by
+    both ``steps`` and ``epochs``, ``python3 -m reconciler.job_apps.verl_entry <module> <overrides...>``.
 
     Raises PermanentError for ``command`` tasks or unresolved model/data paths.
     """
-    return ["python3", "-m", verl_module(task), *verl_overrides(task, cluster, run_folder=run_dir, wandb=wandb)]
+    entry = ["-m", VERL_ENTRY, verl_module(task)] if bounded_by_both(task) else ["-m", verl_module(task)]
+    return ["python3", *entry, *verl_overrides(task, cluster, run_folder=run_dir, wandb=wandb)]
 
 
 def set_secrets(secrets_env: Mapping[str, str]) -> dict[str, str]:
@@ -258,10 +303,14 @@ def job_env(
     run_folder: str,
     secrets_env: Mapping[str, str],
     resume_folder: str | None = None,
+    resume_step: int | None = None,
 ) -> dict[str, str]:
     """Return the job's env: cluster env < task env < HOME (the user's folder) and run folders < secrets
-    that are set (later wins). ``resume_folder``: the preempted attempt's run folder this attempt resumes from."""
+    that are set (later wins). ``resume_folder``: the preempted attempt's run folder this attempt resumes from;
+    ``resume_step``: the newest checkpoint step found there (None: not looked up)."""
     resume = {ENV_RESUME: "1", ENV_RESUME_DIR: resume_folder} if resume_folder else {}
+    if resume_folder and resume_step is not None:
+        resume[ENV_RESUME_STEP] = str(resume_step)
     return {
         **{k: str(v) for k, v in cluster.env.items()},
         **{k: str(v) for k, v in task.env.items()},
@@ -279,9 +328,11 @@ def job_metadata(
     *,
     run_folder: str,
     revision: str | None,
+    resumed_from: int | None = None,
 ) -> dict[str, str]:
     """Return the labels stored with the job (all values are strings), without the ownership
-    proof (:func:`job_submission` adds it). ``run_folder`` is informational: the observer derives it."""
+    proof (:func:`job_submission` adds it). ``run_folder`` is informational: the observer derives it.
+    ``resumed_from``: a resumed attempt's checkpoint step (None: not a resumed attempt)."""
     resources = {k: v for k, v in task_resources(task, cluster).items() if v}
     digest = task_spec_hash(task)
     out = {
@@ -295,6 +346,8 @@ def job_metadata(
         LABEL_WORKLOAD: task.workload,
         LABEL_SPEC: json.dumps(task_spec_fields(task), sort_keys=True, separators=(",", ":"), default=str),
     }
+    if resumed_from is not None:
+        out[LABEL_RESUMED_FROM] = str(resumed_from)
     return out
 
 
@@ -314,6 +367,7 @@ def job_submission(
     ownership_key: bytes = b"",
     resume_from: str | None = None,
     first_attempt: str | None = None,
+    resume_step: int | None = None,
 ) -> dict[str, Any]:
     """Return the JSON body of ``POST /api/jobs/`` for one run of ``task``.
 
@@ -323,6 +377,13 @@ def job_submission(
     continues from its latest checkpoint (and saves the next ones there). verl keeps every
     attempt's checkpoints in the run folder of ``first_attempt`` (the run's first attempt;
     default ``resume_from``), which is where a resumed attempt's checkpoints are looked up.
+    ``resume_step``: the newest checkpoint step in the folder the attempt resumes from (the caller
+    reads it just before submitting; None: none found, recorded as step 0): the ``argus-resumed-from``
+    label the status reports, and ``ARGUS_RESUME_STEP`` for a command task.
+
+    A verl task bounded by both ``steps`` and ``epochs`` also names argus's
+    ``worker_process_setup_hook`` (:data:`VERL_SETUP_HOOK`): verl's PPO trainer runs in a Ray actor
+    of the job, where the step bound must be lowered too (:func:`epoch_bounds`).
 
     ``sid``: the submission id the planner chose (default: the first choice); ``ownership_key``
     signs the run (:func:`ownership_proof`); without it the job is foreign to every daemon.
@@ -338,12 +399,17 @@ def job_submission(
     sid = sid or submission_id(task)
     folder = run_dir(task, cluster, sid)
     resume_folder = run_dir(task, cluster, resume_from) if resume_from else None
+    resumed_from = (resume_step or 0) if resume_from else None
     wandb = "WANDB_API_KEY" in set_secrets(secrets_env)
-    env = job_env(task, cluster, run_folder=folder, secrets_env=secrets_env, resume_folder=resume_folder)
+    env = job_env(
+        task, cluster, run_folder=folder, secrets_env=secrets_env, resume_folder=resume_folder, resume_step=resumed_from
+    )
     runtime_env: dict[str, Any] = {"env_vars": env}
+    if bounded_by_both(task):
+        runtime_env["worker_process_setup_hook"] = VERL_SETUP_HOOK
     body: dict[str, Any] = {
         "submission_id": sid,
-        "metadata": job_metadata(task, cluster, run_folder=folder, revision=revision),
+        "metadata": job_metadata(task, cluster, run_folder=folder, revision=revision, resumed_from=resumed_from),
         "entrypoint_resources": {k: float(v) for k, v in cluster.training.driver_resources.items()},
     }
     if task.workload == "command":

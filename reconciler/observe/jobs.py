@@ -14,12 +14,15 @@ import json
 import math
 import os
 import re
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from reconciler.builders.jobs import (
+    CHECKPOINT_TRACKER,
     LABEL_RESOURCES,
+    LABEL_RESUMED_FROM,
     LABEL_REVISION,
     LABEL_SPEC,
     LABEL_SPEC_HASH,
@@ -27,6 +30,7 @@ from reconciler.builders.jobs import (
     LABEL_USER,
     MANAGED_BY,
     MANAGER,
+    checkpoint_dir,
     proof_valid,
     run_folder,
 )
@@ -36,7 +40,7 @@ from reconciler.plan.actual import ActualJob
 from reconciler.source.localfs import LocalFS
 from reconciler.spec.hashing import SEPARATOR, SUBMISSION_PREFIX, parse_submission_id
 from reconciler.spec.paths import PathError, resolve_path
-from reconciler.spec.types import ObjectKey, Paths
+from reconciler.spec.types import ObjectKey, Paths, TaskSpec
 
 # Attempts of one run whose folders a checkpoint lookup scans (each is a preemption: few).
 MAX_ATTEMPTS = 16
@@ -52,6 +56,9 @@ _MAX_ENTRIES = 20_000
 # A status document's log tail: enough for the error, never the whole log.
 TAIL_BYTES = 64 * 1024
 _ENTRYPOINT_FIELDS = (("entrypoint_num_cpus", "CPU"), ("entrypoint_num_gpus", "GPU"), ("entrypoint_memory", "memory"))
+# A checkpoint tracker holds one step number: more than this is not one, and is not read further.
+_TRACKER_BYTES = 32
+_MAX_STEP = 10**12
 
 
 @dataclass(frozen=True)
@@ -124,6 +131,9 @@ def _to_actual(
         return None
     user, task = str(meta[LABEL_USER]), str(meta[LABEL_TASK])
     status = str(info.get("status", "PENDING"))
+    # The newest checkpoint of a running run, read afresh each observation: one small file per
+    # running task (the cluster's GPUs bound how many run), never a walk of the run folder.
+    step = run_checkpoint_step(paths, user, task, sid) if status == "RUNNING" and paths is not None else None
     checkpoint = None
     if status == "SUCCEEDED" and paths is not None:
         if memo is not None and sid in memo:
@@ -144,7 +154,72 @@ def _to_actual(
         end_time=info.get("end_time") or None,
         revision=meta.get(LABEL_REVISION) or None,
         spec=_recorded_spec(meta.get(LABEL_SPEC)),
+        checkpoint_step=step,
+        resumed_from_step=_step_label(meta.get(LABEL_RESUMED_FROM)),
     )
+
+
+def _step_label(value: object) -> int | None:
+    """The ``argus-resumed-from`` label as a step (None: absent or not a step). The proof covers it."""
+    if isinstance(value, str) and value.isdigit() and len(value) <= 12:
+        return int(value)
+    return None
+
+
+def checkpoint_step(paths: Paths, user: str, task: str, sid: str) -> int | None:
+    """The step of the newest checkpoint in the checkpoints folder of run ``sid`` alone (its
+    ``latest_checkpointed_iteration.txt``, verl's tracker, which a command task writes alike), or
+    None when there is none or it cannot be trusted.
+
+    A bounded read: one file of at most a few bytes, opened without following a link, and only when
+    the checkpoints folder's real path stays in the user's real home (a job may plant links)."""
+    folder = checkpoint_dir(run_folder(paths.users, user, task, sid))
+    home = os.path.realpath(os.path.join(paths.users, user))
+    real = os.path.realpath(folder)
+    if os.path.commonpath([real, home]) != home:
+        return None
+    try:
+        fd = os.open(os.path.join(real, CHECKPOINT_TRACKER), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None  # a FIFO or device a job put there: never read
+        raw = os.read(fd, _TRACKER_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    text = raw.decode("ascii", "replace").strip()
+    if len(raw) > _TRACKER_BYTES or not text.isdigit() or int(text) >= _MAX_STEP:
+        return None
+    return int(text)
+
+
+def run_checkpoint_step(paths: Paths, user: str, task: str, sid: str) -> int | None:
+    """The step of the newest checkpoint of the run that attempt ``sid`` belongs to: its own
+    folder's, else the earlier attempts' (newest attempt first; at most MAX_ATTEMPTS reads). A
+    resumed verl attempt saves into its run's first attempt's folder, and a command attempt that has
+    not saved yet stands at the checkpoint it resumed from."""
+    found = checkpoint_step(paths, user, task, sid)
+    parsed = parse_submission_id(sid)
+    if found is None and parsed is not None and 1 < parsed[3] <= MAX_ATTEMPTS:
+        base = sid.rsplit(SEPARATOR, 1)[0]
+        for attempt in range(parsed[3] - 1, 0, -1):
+            found = checkpoint_step(paths, user, task, base if attempt == 1 else f"{base}{SEPARATOR}{attempt}")
+            if found is not None:
+                break
+    return found
+
+
+def resume_step(paths: Paths, task: TaskSpec, resume_from: str | None, first_attempt: str | None) -> int | None:
+    """The newest checkpoint step in the folder an attempt resuming ``resume_from`` resumes from: the
+    run's first attempt's for a verl task (verl saves every attempt there), the preempted attempt's own
+    for a command task (its ``ARGUS_RESUME_DIR``). None when there is none (or no ``resume_from``)."""
+    if not resume_from:
+        return None
+    sid = (first_attempt or resume_from) if task.workload != "command" else resume_from
+    return checkpoint_step(paths, task.key.user, task.key.name, sid)
 
 
 def checkpoint_of(paths: Paths, user: str, task: str, sid: str) -> str | None:

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, replace
 
 from reconciler.plan.actions import Action, ActionType, Plan
-from reconciler.plan.actual import PREEMPTED, ActualJob, ActualState
+from reconciler.plan.actual import FINAL_JOB_STATES, PREEMPTED, ActualJob, ActualState
 from reconciler.spec.hashing import task_spec_hash
 from reconciler.spec.types import DesiredState, ObjectKey
 
@@ -101,6 +101,13 @@ class ObjectStatus:
         return out
 
 
+def resumed(step: int) -> str:
+    """How a resumed attempt's status says where it started (step 0: there was no checkpoint)."""
+    if step:
+        return f"resumed from step {step}"
+    return "resumed from step 0: the preempted attempt left no checkpoint"
+
+
 def _run_json(job: ActualJob) -> dict[str, object]:
     """One run of a task as ``argus reconcile --format json`` reports it."""
     run: dict[str, object] = {"submission_id": job.submission_id, "status": job.status}
@@ -108,6 +115,10 @@ def _run_json(job: ActualJob) -> dict[str, object]:
         run["message"] = job.message
     if job.hf_checkpoint:
         run["checkpoint"] = job.hf_checkpoint
+    if job.resumed_from_step is not None:
+        run["resumed_from_step"] = job.resumed_from_step
+    if job.checkpoint_step is not None:
+        run["checkpoint_step"] = job.checkpoint_step
     return run
 
 
@@ -259,6 +270,8 @@ def _task(
     if current is not None:
         state, submission = current.status, current.submission_id
         reason = failure_reason(current.message) if current.status == "FAILED" else current.message
+        if current.resumed_from_step is not None and current.status not in FINAL_JOB_STATES:
+            reason = "; ".join(r for r in (reason, resumed(current.resumed_from_step)) if r)
         gpus = current.committed().get("GPU", 0.0)
     if submit is not None and done:
         state, submission = "SUBMITTED", submit.submission_id

@@ -734,6 +734,7 @@ def _task(
         paths=cluster.paths,
         fs=fs,
         allow_trust_remote_code=cluster.serving.allow_trust_remote_code,
+        save_every=cluster.training.checkpoint_every_steps,
     )
     issues.extend(_at(doc, ("overrides", kept[i]), message) for i, message in refused)
     bad_priority = priority_issue(doc, cluster, key.user, "task", data.get("priority"))
@@ -751,7 +752,10 @@ def _task(
         data_val=val,
         nodes=raw["nodes"],
         gpus_per_node=raw["gpus_per_node"],
-        epochs=raw.get("epochs", 1),
+        # None when the file does not say: `steps` alone then bounds the run (builders.jobs.epoch_bounds).
+        # `raw` keeps the default `epochs: 1` the hash has always covered (a changed hash re-runs a task),
+        # so `steps: N` and `steps: N, epochs: 1` hash alike although the second may stop after one pass.
+        epochs=data.get("epochs"),
         steps=data.get("steps"),
         overrides=tuple(overrides_out[n] for n in composed),
         override_lines=tuple(doc.line(("overrides", kept[n])) for n in composed),

@@ -132,10 +132,19 @@ class Serving:
     router: RouterSettings = field(default_factory=RouterSettings)
 
 
+# verl tasks save every this many optimizer steps unless cluster.yaml says otherwise: what a preempted
+# run loses at most. One save costs about a minute for a 7B model with its optimizer state; at 50 steps
+# that is a small fraction of an SFT run (seconds a step) and bounds an RL run (a minute a step) to
+# under an hour of lost work. docs/reference/cluster-yaml.md has the trade-off.
+CHECKPOINT_EVERY_STEPS = 50
+
+
 @dataclass(frozen=True)
 class Training:
     rollout: str = "vllm"
     driver_resources: Mapping[str, float] = field(default_factory=lambda: {"worker_node": 1.0})
+    # trainer.save_freq of every verl task; a task's own trainer.save_freq may only lower it.
+    checkpoint_every_steps: int = CHECKPOINT_EVERY_STEPS
 
 
 @dataclass(frozen=True)
@@ -249,8 +258,8 @@ class TaskSpec:
     data_val: str | None
     nodes: int
     gpus_per_node: int
-    epochs: int
-    steps: int | None
+    epochs: int | None  # passes over the data; None when the file gives none (then `steps`, or one pass)
+    steps: int | None  # optimizer steps; None when the file gives none
     overrides: tuple[str, ...]
     override_lines: tuple[int, ...]
     command: str | None

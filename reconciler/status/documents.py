@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from reconciler.plan.actual import FINAL_JOB_STATES
+from reconciler.plan.actual import FINAL_JOB_STATES, ActualJob
 from reconciler.plan.assess import ObjectStatus
 from reconciler.redact import redact_tree
 from reconciler.spec.types import ObjectKey
@@ -116,6 +116,7 @@ def object_document(
                     checkpoints,
                     redact,
                 )
+                | _steps(j)
                 | {"spec_hash": j.spec_hash},
                 before.get(j.submission_id),
             )
@@ -152,11 +153,22 @@ def _run(
     return run
 
 
+def _steps(job: ActualJob) -> dict[str, int]:
+    """A run's checkpoint steps: the newest one while it runs (kept once it ends) and, for a resumed
+    attempt, the one it resumed from."""
+    out: dict[str, int] = {}
+    if job.resumed_from_step is not None:
+        out["resumed_from_step"] = job.resumed_from_step
+    if job.checkpoint_step is not None:
+        out["checkpoint_step"] = job.checkpoint_step
+    return out
+
+
 def _keep(run: dict[str, Any], recorded: Mapping[str, Any] | None) -> dict[str, Any]:
     """``run`` with what ``recorded`` (the same run's previous entry) knew and ``run`` does not."""
     if not recorded:
         return run
-    for field in ("start_time", "end_time", "message", "checkpoint", "log_tail"):
+    for field in ("start_time", "end_time", "message", "checkpoint", "log_tail", *_STEP_FIELDS):
         if run.get(field) in (None, "") and recorded.get(field) not in (None, ""):
             run[field] = recorded[field]
     ordered = {k: run[k] for k in _RUN_ORDER if k in run}  # recorded fields in their usual place
@@ -164,7 +176,18 @@ def _keep(run: dict[str, Any], recorded: Mapping[str, Any] | None) -> dict[str, 
     return ordered
 
 
-_RUN_ORDER = ["submission_id", "status", "start_time", "end_time", "message", "checkpoint", "log_tail", "spec_hash"]
+_STEP_FIELDS = ("resumed_from_step", "checkpoint_step")
+_RUN_ORDER = [
+    "submission_id",
+    "status",
+    "start_time",
+    "end_time",
+    "message",
+    "checkpoint",
+    *_STEP_FIELDS,
+    "log_tail",
+    "spec_hash",
+]
 
 
 def _ms(value: int | None) -> str | None:

@@ -62,13 +62,14 @@ def test_ppo_argv_exact() -> None:
         "critic.ppo_micro_batch_size_per_gpu=4",
         "trainer.nnodes=1",
         "trainer.n_gpus_per_node=2",
-        "trainer.total_epochs=1",
+        # steps alone: as many epochs as steps, so the epochs cannot end before step 10
+        "trainer.total_epochs=10",
         "trainer.total_training_steps=10",
         "trainer.project_name=alice",
         "trainer.experiment_name=ppo",
         f"trainer.default_local_dir={folder}/checkpoints",
         "trainer.logger=[console]",
-        "trainer.save_freq=100",
+        "trainer.save_freq=50",
         "trainer.max_actor_ckpt_to_keep=2",
         "trainer.max_critic_ckpt_to_keep=2",
         "data.train_batch_size=64",
@@ -102,7 +103,7 @@ def test_grpo_argv_exact() -> None:
         "trainer.experiment_name=grpo",
         f"trainer.default_local_dir={folder}/checkpoints",
         "trainer.logger=[console,wandb]",
-        "trainer.save_freq=100",
+        "trainer.save_freq=50",
         "trainer.max_actor_ckpt_to_keep=2",
         "trainer.max_critic_ckpt_to_keep=2",
     ]
@@ -127,6 +128,7 @@ def test_sft_argv_exact() -> None:
         "trainer.experiment_name=sft",
         f"trainer.default_local_dir={folder}/checkpoints",
         "trainer.logger=[console]",
+        "trainer.save_freq=50",
         "trainer.max_ckpt_to_keep=2",
         "optim.lr=1e-5",
     ]

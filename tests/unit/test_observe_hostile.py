@@ -8,6 +8,8 @@ REST API) on a real git repository; run folders are real temporary directories.
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +18,19 @@ import pytest
 import reconciler.observe.jobs as observe_jobs
 from reconciler.builders.serve import app_name
 from reconciler.observe.capacity import parse_capacity
-from reconciler.observe.jobs import checkpoint_of, find_hf_checkpoint, job_resources
+from reconciler.observe.jobs import (
+    checkpoint_of,
+    checkpoint_step,
+    find_hf_checkpoint,
+    job_resources,
+    resume_step,
+    run_checkpoint_step,
+)
 from reconciler.observe.serve import parse_serve_details, resources_per_replica
 from reconciler.plan.actions import ActionType
 from reconciler.source.remote import open_source
 from reconciler.spec.types import ObjectKey, Paths
-from tests.support import ConfigRepo, Ticker, cluster_yaml, ticker
+from tests.support import ConfigRepo, Ticker, cluster_yaml, task_spec, ticker
 from tests.unit.fake_ray import FakeRay
 from tests.unit.test_fuzz_ticks import AllowAll
 
@@ -223,3 +232,60 @@ def test_a_succeeded_jobs_folder_is_scanned_once_across_ticks(tmp_path: Path, mo
     results = [rec.tick() for _ in range(4)]
     assert scans == [str(tmp_path / "users/alice/jobs/a" / sid)]
     assert all(j.hf_checkpoint == str(hf) for r in results for j in r.actual.jobs if j.submission_id == sid)
+
+
+# -- checkpoint steps (issue 30): one small file per running run, never trusted blindly ---------------------
+
+
+def _tracker(tmp_path: Path, sid: str, text: str | bytes, user: str = "alice") -> Path:
+    folder = tmp_path / "users" / user / "jobs/t" / sid / "checkpoints"
+    folder.mkdir(parents=True, exist_ok=True)
+    tracker = folder / "latest_checkpointed_iteration.txt"
+    tracker.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return tracker
+
+
+def test_a_runs_newest_checkpoint_step_is_read_from_its_tracker(tmp_path: Path) -> None:
+    paths = _paths(tmp_path)
+    assert checkpoint_step(paths, "alice", "t", SID) is None
+    _tracker(tmp_path, SID, "12\n")
+    assert checkpoint_step(paths, "alice", "t", SID) == 12
+    # A resumed verl attempt saves into the first attempt's folder; a later attempt's own comes first.
+    assert run_checkpoint_step(paths, "alice", "t", f"{SID}--3") == 12
+    _tracker(tmp_path, f"{SID}--3", "20")
+    assert run_checkpoint_step(paths, "alice", "t", f"{SID}--3") == 20
+
+
+@pytest.mark.parametrize("text", ["", "x", "-3", "1e3", "12 13", "9" * 13, b"\xff\xfe", "7" * 40])
+def test_a_tracker_that_holds_no_step_counts_as_none(tmp_path: Path, text: str | bytes) -> None:
+    _tracker(tmp_path, SID, text)
+    assert checkpoint_step(_paths(tmp_path), "alice", "t", SID) is None
+
+
+def test_a_tracker_that_is_a_fifo_a_link_or_out_of_the_home_is_not_read(tmp_path: Path) -> None:
+    paths = _paths(tmp_path)
+    bobs = _tracker(tmp_path, SID, "99", user="bob")
+    tracker = _tracker(tmp_path, SID, "1")
+    tracker.unlink()
+    tracker.symlink_to(bobs)  # a link to bob's tracker: not followed
+    assert checkpoint_step(paths, "alice", "t", SID) is None
+    tracker.unlink()
+    os.mkfifo(tracker)  # reading a FIFO would block the daemon: never opened for a read that waits
+    assert checkpoint_step(paths, "alice", "t", SID) is None
+    tracker.unlink()
+    folder = tracker.parent
+    shutil.rmtree(folder)
+    folder.symlink_to(bobs.parent)  # the checkpoints folder itself leads into bob's home
+    assert checkpoint_step(paths, "alice", "t", SID) is None
+
+
+def test_a_resumed_attempt_reads_the_folder_it_resumes_from(tmp_path: Path) -> None:
+    paths = _paths(tmp_path)
+    _tracker(tmp_path, SID, "8")
+    _tracker(tmp_path, f"{SID}--2", "3")
+    verl = task_spec("alice", "t", "sft", model="m", model_path="/m", data_train="/d")
+    command = task_spec("alice", "t", "command", command="true")
+    # verl resumes in its first attempt's folder; a command task in the preempted attempt's own.
+    assert resume_step(paths, verl, f"{SID}--2", SID) == 8
+    assert resume_step(paths, command, f"{SID}--2", SID) == 3
+    assert resume_step(paths, command, None, None) is None

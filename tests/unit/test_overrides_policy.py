@@ -353,3 +353,47 @@ def test_a_path_in_the_home_is_accepted_however_it_is_wrapped(wrap: str) -> None
     )
     assert refused == [], (value, refused)
     assert "$HOME" not in out[0] and "/private/users/bob/data/x" in out[0]
+
+
+# -- the checkpoint cadence (issue 30): a task may save more often, never less ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.save_freq=500", "`trainer.save_freq=500`: a task may save more often than the cluster's cadence"),
+        ("trainer.save_freq=-1", "`trainer.save_freq=-1`: a task may save more often than the cluster's cadence"),
+        ("trainer.save_freq=0", "`trainer.save_freq=0`: a task may save more often than the cluster's cadence"),
+        ("++Trainer.Save_Freq=51", "`trainer.save_freq=51`: a task may save more often"),
+        ("trainer.save_freq=after_each_epoch", "`trainer.save_freq`: 'after_each_epoch' is not a number of steps"),
+        ("~trainer.save_freq=50", "`trainer.save_freq` cannot be removed: verl would then save no checkpoint"),
+    ],
+)
+def test_a_task_cannot_save_less_often_than_the_cluster_says(override: str, message: str) -> None:
+    state = load_bob(overrides=[override])
+    found = issues_of(state, BOB_TASK)
+    assert BOB_TASK not in state.tasks
+    assert [line for line, _ in found] == [8] and message in found[0][1], found
+    assert "cluster.yaml `training.checkpoint_every_steps`" in found[0][1]
+
+
+@pytest.mark.parametrize("override", ["~trainer.save_freq", "trainer={save_freq: 1000}", "+trainer.save_freq=99"])
+def test_no_other_spelling_turns_the_cadence_down(override: str) -> None:
+    assert [line for line, _ in issues_of(load_bob(overrides=[override]), BOB_TASK)] == [8]
+
+
+def test_a_task_may_save_more_often_and_the_admin_sets_the_cadence() -> None:
+    state = load_bob(overrides=["trainer.save_freq=10"])
+    assert issues_of(state, BOB_TASK) == [] and state.tasks[BOB_TASK].overrides == ("trainer.save_freq=10",)
+    tight = load_bob(overrides=["trainer.save_freq=10"], cluster=CLUSTER + "training: {checkpoint_every_steps: 5}\n")
+    assert [(line, m.split(":")[0]) for line, m in issues_of(tight, BOB_TASK)] == [(8, "overrides[0]")]
+    assert tight.cluster.training.checkpoint_every_steps == 5
+    loose = load_bob(overrides=["trainer.save_freq=400"], cluster=CLUSTER + "training: {checkpoint_every_steps: 400}\n")
+    assert issues_of(loose, BOB_TASK) == []
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "1.5", "'50'"])
+def test_the_cadence_is_a_positive_number_of_steps(value: str) -> None:
+    state = load_bob(overrides=[], cluster=CLUSTER + f"training: {{checkpoint_every_steps: {value}}}\n")
+    errors = [(i.path, i.line, i.message) for i in state.issues if i.path == "cluster.yaml"]
+    assert errors and errors[0][1] == 5 and "training.checkpoint_every_steps" in errors[0][2], errors

@@ -5,6 +5,7 @@ cannot do), the documents, the per-team view on the page and in ``argus plan``."
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 from reconciler.builders.jobs import checkpoint_dir, job_submission, run_dir
@@ -147,3 +148,26 @@ def test_the_page_and_argus_plan_show_each_teams_quota_and_what_is_preempted() -
     assert "team research: uses 2 GPU of nominal 4 GPU; borrowed 0 GPU; lent 2 GPU" in text
     assert "| `research` |" in render.markdown(plan, [])
     assert ObjectStatus(victim, "PREEMPTED", "OutOfSync", preempted_by="bob/models/chat").to_json()["preempted_by"]
+
+
+def test_a_resumed_attempt_says_where_it_resumed_and_its_runs_keep_their_newest_checkpoint() -> None:
+    """Issue 30: the running run's newest checkpoint step and, for a resumed attempt, "resumed from step N";
+    both stay on the run's record once it ends (Ray stops reporting the step, the document keeps it)."""
+    task = task_spec("alice", "t", "command", command="true")
+    key, sid, digest = task.key, submission_id(task), task_spec_hash(task)
+    desired = DesiredState(CLUSTER, tasks={key: task})
+    first = ActualJob(sid, key, digest, PREEMPTED, start_time=1, checkpoint_step=8)
+    second = ActualJob(f"{sid}--2", key, digest, "RUNNING", start_time=5, checkpoint_step=12, resumed_from_step=8)
+    status = assess(desired, ActualState(jobs=[first, second]), Plan())[key]
+    assert status.state == "RUNNING" and "resumed from step 8" in status.reason
+    doc = object_document(status, None, revision="r", applied=True, now="t", endpoint="e", log_tails={}, checkpoints={})
+    assert [(r.get("resumed_from_step"), r.get("checkpoint_step")) for r in doc["runs"]] == [(None, 8), (8, 12)]
+    done = ActualJob(f"{sid}--2", key, digest, "SUCCEEDED", start_time=5, end_time=9, resumed_from_step=8)
+    ended = assess(desired, ActualState(jobs=[replace(first, checkpoint_step=None), done]), Plan())[key]
+    assert "resumed" not in ended.reason  # a finished attempt's reason is its result
+    doc = object_document(ended, doc, revision="r", applied=True, now="t2", endpoint="e", log_tails={}, checkpoints={})
+    assert [(r.get("resumed_from_step"), r.get("checkpoint_step")) for r in doc["runs"]] == [(None, 8), (8, 12)]
+    nothing = replace(second, resumed_from_step=0, checkpoint_step=None)
+    assert "resumed from step 0: the preempted attempt left no checkpoint" in (
+        assess(desired, ActualState(jobs=[first, nothing]), Plan())[key].reason
+    )

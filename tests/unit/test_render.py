@@ -49,7 +49,7 @@ def test_a_verl_task_renders_its_argv_env_secrets_and_resources(repo: Path) -> N
     assert argv[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
     # What argus adds, shown before it runs (issue 21: rollout.n, memory, micro-batches, save_freq, ckpts) ...
     for derived in ("actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
-                    "trainer.save_freq=100", "trainer.max_actor_ckpt_to_keep=2", "trainer.total_training_steps=10",
+                    "trainer.save_freq=50", "trainer.max_actor_ckpt_to_keep=2", "trainer.total_training_steps=10",
                     "data.train_files=/private/users/alice/data/gsm8k/train.parquet"):  # fmt: skip
         assert derived in argv, derived
     # ... then the user's own override, last (it wins).

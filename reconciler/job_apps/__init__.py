@@ -1,0 +1,1 @@
+"""Code that runs inside argus's Ray Jobs (a task's driver and workers). Imports nothing else of argus's."""
