@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.argus-installed
 
-.PHONY: demo test lint unit e2e venv clean sysdeps bench-compose bench-load bench-web bench-tick bench-memory bench-daemon bench-router bench-100k
+.PHONY: demo test lint unit e2e gpu-check venv clean sysdeps bench-compose bench-load bench-web bench-tick bench-memory bench-daemon bench-router bench-100k
 
 venv: $(STAMP)
 
@@ -32,6 +32,18 @@ unit: venv
 
 e2e: venv
 	$(BIN)/pytest -q tests/e2e
+
+# The GPU suite (tests/gpu) on a GPU host: argus's rendered verl SFT/PPO/GRPO jobs on a private Ray head with the
+# host's GPUs, stopped and resumed as argus preempts them, and a `task:` model on Ray Serve LLM
+# (docs/admins/gpu-and-cpu-modes.md#checking-a-new-gpu-host). No network needed, and not .venv (`make venv` installs
+# the CPU build of vLLM): GPU_PYTHON is the interpreter of an installed GPU environment; a site-packages tree given in
+# PYTHONPATH (the air-gapped install) is kept behind this checkout. GPU_ARGS passes pytest options (e.g. -k sft).
+GPU_PYTHON ?= python3
+GPU_ARGS ?=
+gpu-check:
+	env HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0 VLLM_NO_USAGE_STATS=1 \
+		PYTHONUNBUFFERED=1 PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" \
+		$(GPU_PYTHON) -m pytest -m gpu tests/gpu -v -s -p no:cacheprovider $(GPU_ARGS)
 
 # Debian packages the real-stack tests drive: headless Chromium + its driver (status page), sshd (SFTP),
 # and Docker 20.10, docker-compose 1.29 and debootstrap (the compose stack, tests/e2e/test_compose_stack.py,

@@ -1,0 +1,1 @@
+"""Not verl: see tests/gpu/standin/README.md."""
