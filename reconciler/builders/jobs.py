@@ -290,6 +290,23 @@ def verl_argv(task: TaskSpec, cluster: ClusterSpec, *, run_dir: str, wandb: bool
     return ["python3", *entry, *verl_overrides(task, cluster, run_folder=run_dir, wandb=wandb)]
 
 
+def in_run_folder(folder: str, argv: list[str]) -> str:
+    """The shell entrypoint that runs ``argv`` from the run folder ``folder`` (made first).
+
+    A Ray Job without a ``working_dir`` starts in the Ray node's own working directory, and verl writes
+    relative paths there: hydra's ``outputs/<date>/<time>/`` (the job's composed config and log), and
+    ``wandb/`` or ``tensorboard_log/`` when a user turns those loggers on. Every user's job would share
+    that one folder, and fill the node's disk; from the run folder they stay with the run."""
+    quoted = shlex.quote(folder)
+    return f"mkdir -p {quoted} && cd {quoted} && exec {shlex.join(argv)}"
+
+
+def entrypoint_argv(entrypoint: str) -> list[str]:
+    """The argv a verl entrypoint (:func:`in_run_folder`) runs: the words after ``exec``."""
+    words = shlex.split(entrypoint)
+    return words[words.index("exec") + 1 :] if "exec" in words else words
+
+
 def set_secrets(secrets_env: Mapping[str, str]) -> dict[str, str]:
     """The secrets that are set: an empty (or blank) value is unset, not a key. ``.env`` files ship
     ``WANDB_API_KEY=``; passing it on would turn wandb logging on with an empty key."""
@@ -430,7 +447,7 @@ def job_submission(
             resume = ["trainer.resume_mode=auto", f"trainer.default_local_dir={hydra_value(checkpoint_dir(root))}"]
             at = len(argv) - len(task.overrides)
             argv = [*argv[:at], *resume, *argv[at:]]
-        body["entrypoint"] = shlex.join(argv)
+        body["entrypoint"] = in_run_folder(folder, argv)
     body["runtime_env"] = runtime_env
     if ownership_key:  # last: the proof covers everything above
         body["metadata"][LABEL_PROOF] = ownership_proof(ownership_key, sid, body)

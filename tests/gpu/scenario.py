@@ -23,7 +23,6 @@ import inspect
 import json
 import os
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -249,7 +248,9 @@ def body(state: DesiredState, name: str, *, attempt: int = 1, resume_step: int |
 
 def argv(job: Mapping[str, Any]) -> list[str]:
     """The rendered entrypoint as a list of words."""
-    return shlex.split(str(job["entrypoint"]))
+    from reconciler.builders.jobs import entrypoint_argv
+
+    return entrypoint_argv(str(job["entrypoint"]))
 
 
 def hydra_value(words: Sequence[str], key: str) -> str | None:

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from reconciler.builders.jobs import job_submission, ownership_proof, proof_valid, run_dir, verl_argv
+from reconciler.builders.jobs import entrypoint_argv, job_submission, ownership_proof, proof_valid, run_dir, verl_argv
 from reconciler.checks.verl_overrides import check_overrides, verl_available
 from reconciler.errors import PermanentError
 from reconciler.spec.hashing import submission_id, task_spec_fields, task_spec_hash
@@ -142,8 +142,8 @@ def test_verl_submission_body() -> None:
     folder = f"/shared/users/alice/jobs/grpo/{sid}"
     assert body["submission_id"] == sid
     assert sid.startswith("argus--alice--grpo--") and len(sid.rsplit("--", 1)[1]) == 8
-    assert shlex.split(body["entrypoint"]) == verl_argv(task, CLUSTER, run_dir=folder, wandb=True)
-    assert "trainer.logger=[console,wandb]" in shlex.split(body["entrypoint"])
+    assert entrypoint_argv(body["entrypoint"]) == verl_argv(task, CLUSTER, run_dir=folder, wandb=True)
+    assert "trainer.logger=[console,wandb]" in entrypoint_argv(body["entrypoint"])
     assert body["entrypoint_resources"] == {"worker_node": 1.0}
     assert "entrypoint_num_gpus" not in body  # verl's workers take the GPUs, not the driver
     assert body["runtime_env"] == {
@@ -205,7 +205,7 @@ def test_hydra_quoting_of_odd_paths() -> None:
     argv = verl_argv(task, CLUSTER, run_dir=run_dir(task, CLUSTER), wandb=False)
     assert "data.train_files='/shared/my data/it\\'s,odd.parquet'" in argv
     body = job_submission(task, CLUSTER, revision=None, secrets_env={})
-    assert shlex.split(body["entrypoint"])[1:] == argv[1:]
+    assert entrypoint_argv(body["entrypoint"])[1:] == argv[1:]
 
 
 # In CI verl is installed (make test): there a missing verl fails instead of skipping.
@@ -259,7 +259,7 @@ def test_an_empty_secret_is_unset_not_an_empty_key(empty: str) -> None:
     """`.env` files ship `WANDB_API_KEY=`: the job gets no key and verl logs to the console only."""
     task = make_task("grpo", "grpo")
     body = job_submission(task, CLUSTER, revision=None, secrets_env={"WANDB_API_KEY": empty, "HF_TOKEN": "t"})
-    argv = shlex.split(body["entrypoint"])
+    argv = entrypoint_argv(body["entrypoint"])
     assert "trainer.logger=[console]" in argv and not any("wandb" in a for a in argv)
     env = body["runtime_env"]["env_vars"]
     assert "WANDB_API_KEY" not in env and env["HF_TOKEN"] == "t"
@@ -272,3 +272,14 @@ def test_home_is_the_users_folder_whatever_the_env_says() -> None:
         task = make_task(workload, "ft", command="true" if workload == "command" else None, env={"HOME": "/tmp"})
         body = job_submission(task, cluster, revision=None, secrets_env={})
         assert body["runtime_env"]["env_vars"]["HOME"] == "/shared/users/alice", workload
+
+
+def test_a_verl_job_runs_from_its_own_run_folder() -> None:
+    """verl and hydra write relative paths (hydra's outputs/<date>/, wandb/): from the Ray node's working
+    directory every user's would share one folder. The driver starts in the run folder instead."""
+    task = make_task("sft", "a b", data_val=None)  # a name that needs quoting
+    body = job_submission(task, CLUSTER, revision=None, secrets_env={})
+    folder = body["runtime_env"]["env_vars"]["ARGUS_RUN_DIR"]
+    words = shlex.split(body["entrypoint"])
+    assert words[:6] == ["mkdir", "-p", folder, "&&", "cd", folder] and words[6:8] == ["&&", "exec"]
+    assert entrypoint_argv(body["entrypoint"]) == verl_argv(task, CLUSTER, run_dir=folder, wandb=False)

@@ -4,11 +4,10 @@ cannot do), the documents, the per-team view on the page and in ``argus plan``."
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import replace
 from pathlib import Path
 
-from reconciler.builders.jobs import checkpoint_dir, job_submission, run_dir
+from reconciler.builders.jobs import checkpoint_dir, entrypoint_argv, job_submission, run_dir
 from reconciler.observe.jobs import checkpoint_of
 from reconciler.observe.runs import preemptions
 from reconciler.plan import render
@@ -55,7 +54,7 @@ def test_a_resumed_verl_attempt_resumes_from_the_runs_own_checkpoints_and_user_o
     body = job_submission(
         task, CLUSTER, revision=None, secrets_env={}, sid=f"{first}--3", resume_from=f"{first}--2", first_attempt=first
     )
-    argv = shlex.split(body["entrypoint"])
+    argv = entrypoint_argv(body["entrypoint"])
     root = checkpoint_dir(run_dir(task, CLUSTER, first))
     assert argv[-3:] == ["trainer.resume_mode=auto", f"trainer.default_local_dir={root}", "trainer.save_freq=5"]
     assert argv.count("trainer.resume_mode=auto") == 1

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.builders.jobs import VERL_ENTRY, VERL_SETUP_HOOK, job_submission, run_dir, verl_argv
+from reconciler.builders.jobs import VERL_ENTRY, VERL_SETUP_HOOK, entrypoint_argv, job_submission, run_dir, verl_argv
 from reconciler.job_apps import verl_entry
 from reconciler.spec.types import ClusterSpec, Paths, Training
 from tests.unit.test_builders_jobs import make_task
@@ -239,7 +239,7 @@ def test_only_verl_tasks_bounded_both_ways_use_argus_entry() -> None:
     body = job_submission(make_task("grpo", "t", steps=10, epochs=2), CLUSTER, revision=None, secrets_env={})
     # verl's PPO trainer runs in a Ray actor: the step bound must reach that process too.
     assert body["runtime_env"]["worker_process_setup_hook"] == VERL_SETUP_HOOK
-    assert body["entrypoint"].startswith(f"python3 -m {VERL_ENTRY} verl.trainer.main_ppo ")
+    assert entrypoint_argv(body["entrypoint"])[:4] == ["python3", "-m", VERL_ENTRY, "verl.trainer.main_ppo"]
 
 
 # -- the checkpoint cadence --------------------------------------------------------------------------------
@@ -268,7 +268,7 @@ def test_a_preempted_run_resumes_from_its_newest_checkpoint_and_loses_at_most_th
     cluster = ClusterSpec(paths=CLUSTER.paths, training=Training(checkpoint_every_steps=4))
     task = make_task(workload, "t", steps=16)
     first = job_submission(task, cluster, revision=None, secrets_env={})
-    argv = first["entrypoint"].split()
+    argv = entrypoint_argv(first["entrypoint"])
     killed = loop(workload)(argv, per_epoch=5, stop_after=10)
     newest = max(killed.saves)
     assert newest == 8 and killed.last - newest < 4
@@ -276,7 +276,7 @@ def test_a_preempted_run_resumes_from_its_newest_checkpoint_and_loses_at_most_th
         task, cluster, revision=None, secrets_env={}, sid=f"{first['submission_id']}--2",
         resume_from=first["submission_id"], first_attempt=first["submission_id"], resume_step=newest,
     )  # fmt: skip
-    resumed_argv = second["entrypoint"].split()
+    resumed_argv = entrypoint_argv(second["entrypoint"])
     settings = trainer_settings(resumed_argv)
     assert settings["resume_mode"] == "auto"
     assert settings["default_local_dir"] == first["runtime_env"]["env_vars"]["ARGUS_CHECKPOINT_DIR"]
