@@ -25,7 +25,7 @@ from reconciler.builders.jobs import job_submission
 from reconciler.builders.serve import app_name, model_app_config
 from reconciler.dashboard import Dashboard
 from reconciler.errors import ApplyDeferred, ArgusError, PermanentError, RayUnavailable, TemporaryError
-from reconciler.observe.jobs import resume_step
+from reconciler.observe.jobs import resume_point
 from reconciler.observe.serve import ServeObservation
 from reconciler.plan.actions import ActionType, Plan
 from reconciler.plan.actual import PREEMPTED, ActualJob, ActualState
@@ -181,7 +181,8 @@ class Applier:
         attempt = (task.key, task_spec_hash(task))
         self._forget_other_specs(attempt)
         try:
-            step = resume_step(desired.cluster.paths, task, *resume) if resume[0] else None
+            # The attempt it resumes from and that one's newest checkpoint, read just before submitting.
+            source, step = resume_point(desired.cluster.paths, task, *resume)
             body = job_submission(
                 task,
                 desired.cluster,
@@ -189,7 +190,7 @@ class Applier:
                 secrets_env=self.secrets_env,
                 sid=sid,
                 ownership_key=self.ownership_key,
-                resume_from=resume[0],
+                resume_from=source if task.workload == "command" else resume[0],
                 first_attempt=resume[1],
                 resume_step=step,
             )

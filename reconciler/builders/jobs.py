@@ -50,6 +50,7 @@ from typing import Any
 from reconciler.errors import PermanentError
 from reconciler.plan.demand import task_resources
 from reconciler.spec.hashing import submission_id, task_spec_fields, task_spec_hash
+from reconciler.spec.overrides import SAVE_FREQ_KEY, normalise_key, split_override
 from reconciler.spec.types import ClusterSpec, TaskSpec
 
 MANAGED_BY = "managed-by"
@@ -101,6 +102,8 @@ CKPT_TO_KEEP = 2
 # `hf_model` makes verl write a servable HF folder (global_step_N/actor/huggingface).
 SAVE_CONTENTS = "[model,optimizer,extra,hf_model]"
 
+# A whole number of steps as hydra reads an int (no sign, no leading zero, no quotes).
+_STEPS = re.compile(r"^[1-9][0-9]{0,11}$")
 # A hydra override value that needs no quoting (paths, numbers, names).
 _PLAIN_VALUE = re.compile(r"^[A-Za-z0-9_./~+:@%-]+$")
 
@@ -266,8 +269,34 @@ def bounded_by_both(task: TaskSpec) -> bool:
 
 
 def verl_overrides(task: TaskSpec, cluster: ClusterSpec, *, run_folder: str, wandb: bool) -> list[str]:
-    """Return every hydra override: argus's first, the user's ``overrides`` last (they win)."""
-    return [*derived_overrides(task, cluster, run_folder=run_folder, wandb=wandb), *task.overrides]
+    """Return every hydra override: argus's first, the user's ``overrides`` after them (they win), then
+    the cluster's checkpoint cadence again when the user's ``trainer.save_freq`` would save less often
+    (:func:`kept_cadence`)."""
+    return [
+        *derived_overrides(task, cluster, run_folder=run_folder, wandb=wandb),
+        *task.overrides,
+        *kept_cadence(task, cluster),
+    ]
+
+
+def kept_cadence(task: TaskSpec, cluster: ClusterSpec) -> list[str]:
+    """``["trainer.save_freq=<cadence>"]`` when the task's own ``trainer.save_freq`` (the last one it
+    sets; hydra: last wins) is not a whole number of steps from 1 to cluster.yaml's
+    ``training.checkpoint_every_steps``: larger, ``-1``/``0`` (never), removed (``~``), or a value hydra
+    reads as a string (``'5'``, ``0050``: verl's ``step % save_freq`` fails on it). The cadence bounds
+    what a preempted run loses; a task may only save more often. Capped rather than refused: an admin
+    who lowers the cadence must not turn running tasks' files invalid. ``[]`` when the task keeps it."""
+    cadence = cluster.training.checkpoint_every_steps
+    last: str | None = None
+    touched = False
+    for text in task.overrides:
+        prefix, key, value = split_override(text)
+        if normalise_key(key) == SAVE_FREQ_KEY:
+            touched = True
+            last = None if "~" in prefix else value
+    if not touched or (last is not None and _STEPS.match(last) and int(last) <= cadence):
+        return []
+    return [f"{SAVE_FREQ_KEY}={cadence}"]
 
 
 def verl_module(task: TaskSpec) -> str:
@@ -307,6 +336,18 @@ def entrypoint_argv(entrypoint: str) -> list[str]:
     return words[words.index("exec") + 1 :] if "exec" in words else words
 
 
+def logger_dirs(run_folder: str) -> dict[str, str]:
+    """Where verl 0.9.1's loggers write (verl.utils.tracking), inside ``run_folder``: tensorboard
+    (``TENSORBOARD_DIR``), wandb's local files (``WANDB_DIR``), swanlab (``SWANLAB_LOG_DIR``) and the
+    file logger (``VERL_FILE_LOGGER_ROOT``); each defaults to a path relative to the working directory."""
+    return {
+        "TENSORBOARD_DIR": posixpath.join(run_folder, "tensorboard"),
+        "WANDB_DIR": run_folder,
+        "SWANLAB_LOG_DIR": posixpath.join(run_folder, "swanlog"),
+        "VERL_FILE_LOGGER_ROOT": run_folder,
+    }
+
+
 def set_secrets(secrets_env: Mapping[str, str]) -> dict[str, str]:
     """The secrets that are set: an empty (or blank) value is unset, not a key. ``.env`` files ship
     ``WANDB_API_KEY=``; passing it on would turn wandb logging on with an empty key."""
@@ -328,8 +369,13 @@ def job_env(
     resume = {ENV_RESUME: "1", ENV_RESUME_DIR: resume_folder} if resume_folder else {}
     if resume_folder and resume_step is not None:
         resume[ENV_RESUME_STEP] = str(resume_step)
+    # verl's loggers write relative to their process's working directory, and PPO's run in a Ray actor,
+    # which starts in the Ray node's (shared by every user's jobs): these put them in the run folder. A
+    # task's own env may still point them elsewhere.
+    loggers = {} if task.workload == "command" else logger_dirs(run_folder)
     return {
         **{k: str(v) for k, v in cluster.env.items()},
+        **loggers,
         **{k: str(v) for k, v in task.env.items()},
         ENV_HOME: posixpath.join(cluster.paths.users, task.key.user),
         ENV_RUN_DIR: run_folder,
@@ -442,11 +488,18 @@ def job_submission(
     else:
         argv = verl_argv(task, cluster, run_dir=folder, wandb=wandb)
         if resume_folder:
-            # argus's overrides come before the user's: these two go right after them (hydra: last wins).
             root = run_dir(task, cluster, first_attempt or resume_from)
             resume = ["trainer.resume_mode=auto", f"trainer.default_local_dir={hydra_value(checkpoint_dir(root))}"]
-            at = len(argv) - len(task.overrides)
-            argv = [*argv[:at], *resume, *argv[at:]]
+            if resume_step:
+                # The run has a checkpoint of its own: it resumes from it whatever the task's overrides say
+                # (last: hydra's last wins). A task's `trainer.resume_from_path` (continuing a failed run, say)
+                # would make verl load that one again, losing all the preempted attempts trained since.
+                argv = [*argv, *resume, "trainer.resume_from_path=null"]
+            else:
+                # None yet: right after argus's own overrides, so a task's resume_mode/resume_from_path still
+                # decides where its run starts (hydra: last wins).
+                at = len(argv) - len(task.overrides) - len(kept_cadence(task, cluster))
+                argv = [*argv[:at], *resume, *argv[at:]]
         body["entrypoint"] = in_run_folder(folder, argv)
     body["runtime_env"] = runtime_env
     if ownership_key:  # last: the proof covers everything above

@@ -146,7 +146,8 @@ class _TrainerFinder(importlib.abc.MetaPathFinder):
 def install() -> None:
     """Wrap the trainers' ``fit`` in this process: those already imported now, the others when they
     are imported. Ray calls it in every worker of the job (``worker_process_setup_hook``), so it is
-    cheap where no trainer runs: it imports nothing. Raises VerlMismatch (an imported trainer module
+    cheap where no trainer runs: it imports nothing of verl's (a finder waits for the trainer modules).
+    Raises VerlMismatch (an imported trainer module
     lacks its class)."""
     for name in TRAINERS:
         module = sys.modules.get(name)

@@ -201,25 +201,44 @@ def run_checkpoint_step(paths: Paths, user: str, task: str, sid: str) -> int | N
     folder's, else the earlier attempts' (newest attempt first; at most MAX_ATTEMPTS reads). A
     resumed verl attempt saves into its run's first attempt's folder, and a command attempt that has
     not saved yet stands at the checkpoint it resumed from."""
-    found = checkpoint_step(paths, user, task, sid)
-    parsed = parse_submission_id(sid)
-    if found is None and parsed is not None and 1 < parsed[3] <= MAX_ATTEMPTS:
-        base = sid.rsplit(SEPARATOR, 1)[0]
-        for attempt in range(parsed[3] - 1, 0, -1):
-            found = checkpoint_step(paths, user, task, base if attempt == 1 else f"{base}{SEPARATOR}{attempt}")
-            if found is not None:
-                break
-    return found
+    for attempt in _attempts_back(sid):
+        found = checkpoint_step(paths, user, task, attempt)
+        if found is not None:
+            return found
+    return None
 
 
-def resume_step(paths: Paths, task: TaskSpec, resume_from: str | None, first_attempt: str | None) -> int | None:
-    """The newest checkpoint step in the folder an attempt resuming ``resume_from`` resumes from: the
-    run's first attempt's for a verl task (verl saves every attempt there), the preempted attempt's own
-    for a command task (its ``ARGUS_RESUME_DIR``). None when there is none (or no ``resume_from``)."""
+def resume_point(
+    paths: Paths, task: TaskSpec, resume_from: str | None, first_attempt: str | None
+) -> tuple[str | None, int | None]:
+    """Where an attempt resuming the preempted attempt ``resume_from`` resumes: ``(attempt, step)``.
+
+    A verl task resumes in the run's first attempt's folder (verl saves every attempt there): that
+    attempt and its newest checkpoint step. A command task resumes from an attempt's own folder (its
+    ``ARGUS_RESUME_DIR``): the newest attempt from ``resume_from`` back that left a checkpoint tracker,
+    so an attempt preempted before its first save does not hide the one before it; ``resume_from``
+    itself when none did (a command that keeps checkpoints its own way still finds its last folder).
+    The step is None when there is no checkpoint (or no ``resume_from``)."""
     if not resume_from:
-        return None
-    sid = (first_attempt or resume_from) if task.workload != "command" else resume_from
-    return checkpoint_step(paths, task.key.user, task.key.name, sid)
+        return None, None
+    user, name = task.key.user, task.key.name
+    if task.workload != "command":
+        root = first_attempt or resume_from
+        return root, checkpoint_step(paths, user, name, root)
+    for sid in _attempts_back(resume_from):
+        step = checkpoint_step(paths, user, name, sid)
+        if step is not None:
+            return sid, step
+    return resume_from, None
+
+
+def _attempts_back(sid: str) -> list[str]:
+    """``sid`` and the earlier attempts of its run, newest first (at most MAX_ATTEMPTS)."""
+    parsed = parse_submission_id(sid)
+    if parsed is None or not 1 < parsed[3] <= MAX_ATTEMPTS:
+        return [sid]
+    base = sid.rsplit(SEPARATOR, 1)[0]
+    return [sid, *(base if n == 1 else f"{base}{SEPARATOR}{n}" for n in range(parsed[3] - 1, 0, -1))]
 
 
 def checkpoint_of(paths: Paths, user: str, task: str, sid: str) -> str | None:

@@ -734,7 +734,6 @@ def _task(
         paths=cluster.paths,
         fs=fs,
         allow_trust_remote_code=cluster.serving.allow_trust_remote_code,
-        save_every=cluster.training.checkpoint_every_steps,
     )
     issues.extend(_at(doc, ("overrides", kept[i]), message) for i, message in refused)
     bad_priority = priority_issue(doc, cluster, key.user, "task", data.get("priority"))

@@ -64,8 +64,16 @@ PROTECTED: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^hydra(\.|$)"), "hydra's own settings (search path, run folder) are argus's"),
 )
 
-# The checkpoint cadence (cluster.yaml's training.checkpoint_every_steps): a task may only lower it.
+# The checkpoint cadence (cluster.yaml's training.checkpoint_every_steps): a task may only lower it; a
+# larger value is capped where the job is built (reconciler.builders.jobs.kept_cadence), not refused here.
 SAVE_FREQ_KEY = "trainer.save_freq"
+# verl writes no checkpoint tracker after an asynchronous (Megatron) save, so a preempted run would
+# resume from nothing: the cadence would bound nothing.
+ASYNC_SAVE_SUFFIX = "checkpoint.async_save"
+_ASYNC_SAVE = (
+    "asynchronous checkpoint saves write no `latest_checkpointed_iteration.txt`, so a preempted run "
+    "would resume from step 0; argus resumes runs from that file"
+)
 
 # A parallel size splits the task's GPUs; it may not ask for more than the task has.
 _PARALLEL = re.compile(r"(^|\.)[a-z_]*_parallel_size$")
@@ -194,12 +202,9 @@ def check_overrides(
     paths: Paths,
     fs: FileSystem | None,
     allow_trust_remote_code: bool = False,
-    save_every: int | None = None,
 ) -> tuple[list[str], list[tuple[int, str]]]:
     """Check a verl task's hydra ``overrides``.
 
-    ``save_every``: cluster.yaml's ``training.checkpoint_every_steps``; ``trainer.save_freq`` may
-    lower it, never raise it or turn saving off (None: not checked).
     Returns the overrides as they go to verl (``$HOME`` expanded in path values) and
     ``(index, message)`` per refused override. Never raises.
     """
@@ -208,13 +213,9 @@ def check_overrides(
     for index, text in enumerate(overrides):
         prefix, raw_key, value = split_override(text)
         key = normalise_key(raw_key)
-        if "~" in prefix and key == SAVE_FREQ_KEY and save_every is not None:
-            found.append((index, _save_freq(key, None, save_every)[0]))  # `~k=v` deletes k as `~k` does
-            out.append(text)
-            continue
         problems, value_out = _check_entry(
             key, value, user=user, nodes=nodes, gpus_per_node=gpus_per_node, paths=paths, fs=fs,
-            allow_trust=allow_trust_remote_code, save_every=save_every,
+            allow_trust=allow_trust_remote_code,
         )  # fmt: skip
         found.extend((index, p) for p in problems)
         out.append(text if value_out == value or value_out is None else f"{prefix}{raw_key}={value_out}")
@@ -231,14 +232,13 @@ def _check_entry(
     paths: Paths,
     fs: FileSystem | None,
     allow_trust: bool,
-    save_every: int | None = None,
 ) -> tuple[list[str], str | None]:
     """Problems of one ``key=value`` (recursing into a hydra dict value) and the value to pass on."""
     why = protected(key)
     if why:
         return [why], value
-    if key == SAVE_FREQ_KEY and save_every is not None:
-        return _save_freq(key, value, save_every), value
+    if key.endswith(ASYNC_SAVE_SUFFIX) and value is not None and _truthy(value):
+        return [f"`{key}`: {_ASYNC_SAVE}"], value
     if value is None:
         return [], value
     last = key.rsplit(".", 1)[-1]
@@ -254,7 +254,7 @@ def _check_entry(
         for sub_key, sub_value in entries:
             sub, _ = _check_entry(
                 f"{key}.{normalise_key(sub_key)}", sub_value, user=user, nodes=nodes, gpus_per_node=gpus_per_node,
-                paths=paths, fs=fs, allow_trust=allow_trust, save_every=save_every,
+                paths=paths, fs=fs, allow_trust=allow_trust,
             )  # fmt: skip
             problems.extend(sub)
         if problems:
@@ -270,24 +270,6 @@ def _truthy(value: object) -> bool:
     if isinstance(value, str):
         return value.strip().strip("'\"").lower() not in _FALSE
     return bool(value)
-
-
-def _save_freq(key: str, value: str | None, save_every: int) -> list[str]:
-    """A task's ``trainer.save_freq`` may save more often than the cluster's cadence, never less:
-    the cadence bounds what a preempted run loses, which is every other user's wait too."""
-    bound = f"from 1 to {save_every} (cluster.yaml `training.checkpoint_every_steps`)"
-    if value is None:
-        return [f"`{key}` cannot be removed: verl would then save no checkpoint; set a number {bound}"]
-    try:
-        steps = int(value.strip().strip("'\""))
-    except ValueError:
-        return [f"`{key}`: {value!r} is not a number of steps; set a number {bound}"]
-    if not 1 <= steps <= save_every:
-        return [
-            f"`{key}={steps}`: a task may save more often than the cluster's cadence, not less "
-            f"(a preempted run must lose at most {save_every} steps); set a number {bound}"
-        ]
-    return []
 
 
 def _parallel(key: str, value: str, nodes: int, gpus_per_node: int) -> list[str]:

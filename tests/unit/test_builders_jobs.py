@@ -149,6 +149,11 @@ def test_verl_submission_body() -> None:
     assert body["runtime_env"] == {
         "env_vars": {
             "HF_HUB_OFFLINE": "0",  # task env wins over cluster env
+            # verl's loggers write into the run folder, not the Ray actor's working directory
+            "TENSORBOARD_DIR": f"{folder}/tensorboard",
+            "WANDB_DIR": folder,
+            "SWANLAB_LOG_DIR": f"{folder}/swanlog",
+            "VERL_FILE_LOGGER_ROOT": folder,
             "FOO": "task",
             "HOME": "/shared/users/alice",
             "ARGUS_RUN_DIR": folder,

@@ -25,7 +25,7 @@ GPU_TESTS = [
     "test_rl_stopped_after_a_checkpoint_resumes_from_it[grpo-resume]",
     "test_task_model_serves_the_checkpoint_and_answers",
 ]
-# Each task's first own override: argus's resume overrides must come before it (the user's overrides win).
+# Each task's first own override (argus's resume overrides come after it once the run has a checkpoint).
 TASK_OVERRIDE = {name: spec["overrides"][0] for name, spec in scenario.TASKS.items()}
 
 
@@ -93,7 +93,13 @@ def test_a_resumed_attempt_is_built_as_the_planner_resumes_a_preempted_run(state
     # verl resumes from, and keeps saving into, the first attempt's checkpoints folder (hydra: the last one wins).
     first_checkpoints = str(scenario.run_folder(first) / "checkpoints")
     assert scenario.hydra_value(words, "trainer.default_local_dir") == first_checkpoints
-    assert words.index("trainer.resume_mode=auto") < words.index(TASK_OVERRIDE[name])
+    # The run has a checkpoint: argus's resume comes after the task's own overrides (a task's resume_from_path
+    # must not send a preempted run back to another run's checkpoint); without one, before them.
+    assert words.index("trainer.resume_mode=auto") > words.index(TASK_OVERRIDE[name])
+    assert words[-1] == "trainer.resume_from_path=null"
+    fresh = scenario.argv(scenario.body(state, name, attempt=2, resume_step=None))
+    assert fresh.index("trainer.resume_mode=auto") < fresh.index(TASK_OVERRIDE[name])
+    assert "trainer.resume_from_path=null" not in fresh
     env = second["runtime_env"]["env_vars"]
     assert env["ARGUS_RESUME"] == "1" and env["ARGUS_RESUME_DIR"] == str(scenario.run_folder(first))
 

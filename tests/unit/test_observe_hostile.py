@@ -23,7 +23,7 @@ from reconciler.observe.jobs import (
     checkpoint_step,
     find_hf_checkpoint,
     job_resources,
-    resume_step,
+    resume_point,
     run_checkpoint_step,
 )
 from reconciler.observe.serve import parse_serve_details, resources_per_replica
@@ -285,7 +285,9 @@ def test_a_resumed_attempt_reads_the_folder_it_resumes_from(tmp_path: Path) -> N
     _tracker(tmp_path, f"{SID}--2", "3")
     verl = task_spec("alice", "t", "sft", model="m", model_path="/m", data_train="/d")
     command = task_spec("alice", "t", "command", command="true")
-    # verl resumes in its first attempt's folder; a command task in the preempted attempt's own.
-    assert resume_step(paths, verl, f"{SID}--2", SID) == 8
-    assert resume_step(paths, command, f"{SID}--2", SID) == 3
-    assert resume_step(paths, command, None, None) is None
+    # verl resumes in its first attempt's folder; a command task in the newest attempt that saved.
+    assert resume_point(paths, verl, f"{SID}--2", SID) == (SID, 8)
+    assert resume_point(paths, command, f"{SID}--2", SID) == (f"{SID}--2", 3)
+    assert resume_point(paths, command, f"{SID}--3", SID) == (f"{SID}--2", 3)  # --3 saved nothing
+    assert resume_point(paths, command, None, None) == (None, None)
+    assert resume_point(paths, command, "argus--alice--t--ffffffff", None) == ("argus--alice--t--ffffffff", None)

@@ -396,3 +396,73 @@ def test_argus_entry_fails_loudly_on_a_verl_it_does_not_know(tmp_path: Path) -> 
 def test_argus_entry_refuses_other_modules() -> None:
     assert verl_entry.main(["os"]) == 2
     assert verl_entry.main([]) == 2
+
+
+# -- what a task's own overrides can do to its resume and cadence (hostile review of issue 30) ------------
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_a_tasks_resume_path_starts_its_run_but_never_sends_a_preempted_attempt_back(workload: str) -> None:
+    """docs/users/tasks.md: continue a failed run with resume_mode=resume_path + resume_from_path. The new
+    run's first attempt starts there; once it has checkpoints of its own, a resumed attempt loads its own
+    newest one (what the status says), not the old run's again (verl's SFT CheckpointHandler and PPO
+    _load_checkpoint both prefer a resume_from_path)."""
+    old = "/shared/users/alice/jobs/t/argus--alice--t--0ld/checkpoints/global_step_5"
+    task = make_task(
+        workload, "t", steps=200, overrides=("trainer.resume_mode=resume_path", f"trainer.resume_from_path={old}")
+    )
+    first = job_submission(task, CLUSTER, revision=None, secrets_env={})
+    assert trainer_settings(entrypoint_argv(first["entrypoint"]))["resume_from_path"] == old
+    resumed = {"sid": f"{first['submission_id']}--2", "resume_from": first["submission_id"]}
+    second = job_submission(task, CLUSTER, revision=None, secrets_env={}, **resumed, resume_step=150)  # type: ignore[arg-type]
+    assert second["metadata"]["argus-resumed-from"] == "150"
+    effective = trainer_settings(entrypoint_argv(second["entrypoint"]))
+    assert (effective["resume_mode"], effective["resume_from_path"]) == ("auto", "null")
+    # Preempted before its first save: the run starts where the task says, as its first attempt did.
+    early = job_submission(task, CLUSTER, revision=None, secrets_env={}, **resumed, resume_step=None)  # type: ignore[arg-type]
+    assert trainer_settings(entrypoint_argv(early["entrypoint"]))["resume_from_path"] == old
+
+
+def test_a_task_that_turns_resuming_off_still_resumes_after_a_preemption() -> None:
+    task = make_task("grpo", "t", steps=20, overrides=("trainer.resume_mode=disable",))
+    body = job_submission(
+        task, CLUSTER, revision=None, secrets_env={}, sid="argus--alice--t--x--2", resume_from="argus--alice--t--x",
+        resume_step=10,
+    )  # fmt: skip
+    assert trainer_settings(entrypoint_argv(body["entrypoint"]))["resume_mode"] == "auto"
+
+
+@pytest.mark.parametrize(
+    ("override", "effective"),
+    [
+        ("trainer.save_freq=10", "10"),
+        ("trainer.save_freq=50", "50"),
+        ("trainer.save_freq=51", "50"),
+        ("trainer.save_freq=100", "50"),  # argus's own former PPO value: a task that copied it loads, capped
+        ("trainer.save_freq=-1", "50"),
+        ("trainer.save_freq=0", "50"),
+        ("~trainer.save_freq=50", "50"),
+        ("++Trainer.Save_Freq=500", "50"),
+        # hydra reads these as strings (verl's `step % save_freq` fails on them) or refuses them
+        ("trainer.save_freq=0050", "50"),
+        ("trainer.save_freq='5'", "50"),
+        ('trainer.save_freq="5"', "50"),
+        ("trainer.save_freq=٥", "50"),
+        ("trainer.save_freq=after_each_epoch", "50"),
+    ],
+)
+def test_a_tasks_save_freq_may_only_lower_the_cadence(override: str, effective: str) -> None:
+    argv = argv_of("sft", steps=100, overrides=(override,))
+    assert trainer_settings(argv)["save_freq"] == effective, argv
+    if effective != override.split("=")[-1]:
+        assert argv[-1] == "trainer.save_freq=50"  # argus's cap comes after the task's own
+
+
+def test_the_cadence_cap_of_a_resumed_attempt_stays_last_among_the_tasks_settings() -> None:
+    task = make_task("sft", "t", steps=20, overrides=("trainer.save_freq=500", "optim.lr=1e-5"))
+    body = job_submission(
+        task, CLUSTER, revision=None, secrets_env={}, sid="argus--alice--t--x--2", resume_from="argus--alice--t--x"
+    )
+    argv = entrypoint_argv(body["entrypoint"])
+    assert trainer_settings(argv)["save_freq"] == "50" and argv[-1] == "trainer.save_freq=50"
+    assert argv.index("trainer.resume_mode=auto") < argv.index("trainer.save_freq=500")
