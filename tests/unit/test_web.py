@@ -120,7 +120,7 @@ def test_overview_puts_attention_first_filters_and_paginates(repo: str) -> None:
 
 def test_every_user_written_string_is_escaped(repo: str) -> None:
     doc = task_doc("eve", "x", "FAILED", reason=XSS)
-    doc["runs"][0].update(message=f"failed {XSS}", log_tail=["ok", f"print {XSS}"])
+    doc["runs"][0].update(message=f"failed {XSS}", log_tail=["ok", f"print {XSS}"], resumed_from_step=XSS)
     doc["events"][0]["reason"] = XSS
     commit_files(repo, {"users/eve/tasks/x.yaml": dump(doc), "README.md": f"- `a.yaml:1: {XSS}`\n".encode()})
     get = wsgi_like(build_handler(StatusReader(repo)))
@@ -134,7 +134,12 @@ def test_every_user_written_string_is_escaped(repo: str) -> None:
 
 def test_object_pages_show_runs_log_tail_and_openai_example(repo: str) -> None:
     doc = task_doc("ann", "train", "FAILED")
-    doc["runs"][0].update(message="Job entrypoint command failed with exit code 3", log_tail=["step 1", "boom"])
+    doc["runs"][0].update(
+        message="Job entrypoint command failed with exit code 3",
+        log_tail=["step 1", "boom"],
+        checkpoint_step=12,
+        resumed_from_step=8,
+    )
     commit_files(
         repo,
         {"users/ann/tasks/train.yaml": dump(doc), "users/ann/models/chat.yaml": dump(model_doc("ann", "chat"))},
@@ -142,6 +147,7 @@ def test_object_pages_show_runs_log_tail_and_openai_example(repo: str) -> None:
     get = wsgi_like(build_handler(StatusReader(repo)))
     task = body(get("/users/ann/tasks/train"))
     assert "argus--ann--train--0123abcd" in task and "exit code 3" in task and "boom" in task
+    assert "newest checkpoint: step 12; resumed from step 8" in task
     model = body(get("/users/ann/models/chat"))
     assert 'model="ann-202611300900-chat"' in model.replace("&#34;", '"')
     assert "http://127.0.0.1:8000/v1/chat/completions" in model
