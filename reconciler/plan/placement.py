@@ -19,12 +19,20 @@ GPUs (a driver that takes no GPU leaves the GPU-rich nodes to GPU parts), then b
 parts of one request are all of one size, besides a driver that asks for other resources, and
 any order of placing equal parts places as many as any packing could: so "never fits on the
 nodes" is exact for every request argus makes.
+
+Every queued request is checked each tick, so the packing does not look at every node per part:
+:class:`FreeNodes` keeps the nodes grouped by identical free resources (best fit looks at each
+distinct shape's first node by id, which is the node a scan of every node picks), a packing copies
+only the nodes its parts land on, and :func:`never_fits` is remembered per request shape and node
+totals (the same for a whole tick).
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from bisect import insort
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from reconciler.plan.actions import Action
 from reconciler.plan.actual import NodeCapacity
@@ -32,7 +40,11 @@ from reconciler.plan.demand import model_resources_per_replica
 from reconciler.spec.types import GPU, ClusterSpec, DesiredState, ModelSpec, ObjectKey, TaskSpec
 
 Part = Mapping[str, float]
+# A node's free resources in hashable form: nodes with equal shapes are interchangeable but for their ids.
+Shape = tuple[tuple[str, float], ...]
 EPS = 1e-9
+# Packings remembered per state of the nodes (FreeNodes.fit): more distinct requests start afresh.
+PACKED_KEPT = 256
 # Past this many nodes a reason counts node sizes ("2 x 8, 3 x 4 GPUs") instead of listing each.
 LISTED_NODES = 8
 
@@ -89,42 +101,214 @@ def unit_of(key: ObjectKey) -> str:
     return "replica" if key.kind == "model" else "node"
 
 
+class FreeNodes(Mapping[str, Mapping[str, float]]):
+    """The nodes' free resources (node id -> free), grouped by identical free resources so that
+    best fit looks at each distinct shape once, not at every node. Read as a mapping; changed only
+    by :meth:`take`, which replaces a node's mapping (the mappings given are never changed, and
+    must not be changed while this holds them)."""
+
+    __slots__ = ("_free", "_groups", "_most", "_packed", "_shown")
+
+    def __init__(self, free: Mapping[str, Mapping[str, float]]) -> None:
+        self._free: dict[str, Mapping[str, float]] = dict(free)
+        # shape -> (the free resources of its nodes, their ids sorted)
+        self._groups: dict[Shape, tuple[Mapping[str, float], list[str]]] = {}
+        for node in sorted(self._free):
+            res = self._free[node]
+            group = self._groups.setdefault(_shape(res), (res, []))
+            group[1].append(node)
+        # Until the next take: the most any node has free of each resource, what each request
+        # packed to (queued requests of one shape ask again and again; an admitted one packs twice),
+        # and the totals last shown against with what each list of names showed.
+        self._most: dict[str, float] = {}
+        self._packed: dict[tuple[bool, tuple[Shape, ...]], tuple[dict[str, dict[str, float]] | None, int]] = {}
+        self._shown: tuple[Mapping[str, Mapping[str, float]], dict[tuple[str, ...], str]] | None = None
+
+    def __getitem__(self, node: str) -> Mapping[str, float]:
+        return self._free[node]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._free)
+
+    def __len__(self) -> int:
+        return len(self._free)
+
+    def __repr__(self) -> str:
+        return f"FreeNodes({self._free!r})"
+
+    def take(self, taken: Mapping[str, Mapping[str, float]]) -> None:
+        """Take ``taken`` (node id -> resources, what :func:`pack` returns) from the nodes."""
+        for node, res in taken.items():
+            old = self._free[node]
+            new = dict(old)
+            for r, v in res.items():
+                new[r] = new.get(r, 0.0) - v
+            self._free[node] = new
+            shape = _shape(old)
+            ids = self._groups[shape][1]
+            ids.remove(node)
+            if not ids:
+                del self._groups[shape]
+            insort(self._groups.setdefault(_shape(new), (new, []))[1], node)
+        self._most, self._packed, self._shown = {}, {}, None
+
+    def fit(self, parts: Iterable[Part], skip: bool) -> tuple[dict[str, dict[str, float]] | None, int]:
+        """:func:`_best_fit` of ``parts``, remembered until the next :meth:`take`."""
+        parts = list(parts)
+        key = (skip, tuple(tuple(p.items()) for p in parts))
+        fitted = self._packed.get(key)
+        if fitted is None:
+            fitted = _best_fit(parts, self, skip)
+            if len(self._packed) >= PACKED_KEPT:
+                self._packed.clear()
+            self._packed[key] = fitted
+        taken, count = fitted
+        return ({node: dict(res) for node, res in taken.items()} if taken is not None else None), count
+
+    def most(self, resource: str) -> float:
+        """The most any node has free of ``resource`` (0 when none has it)."""
+        most = self._most.get(resource)
+        if most is None:
+            most = self._most[resource] = max((res.get(resource, 0.0) for res, _ in self._groups.values()), default=0.0)
+        return most
+
+    def shown(self, totals: Mapping[str, Mapping[str, float]], names: Sequence[str]) -> str:
+        """The free amounts of ``names`` (zeros too) of the nodes whose total (``totals``: node id
+        -> total, not changed while this holds it) has some of the first name, as
+        :func:`_listing` words them; remembered until the next :meth:`take`."""
+        if self._shown is None or self._shown[0] is not totals:
+            self._shown = (totals, {})
+        texts = self._shown[1]
+        key = tuple(names)
+        text = texts.get(key)
+        if text is None:
+            main = names[0] if names else GPU
+            shown = [res for node, res in self._free.items() if totals.get(node, {}).get(main, 0.0) > 0]
+            text = texts[key] = _listing(shown, names, zeros=True)
+        return text
+
+
 def pack(parts: Iterable[Part], free: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]] | None:
     """Best-fit packing of ``parts`` into ``free`` (node id -> free resources): what each node
     gives (node id -> resources), or None when some part fits on no node. ``free`` is not changed."""
-    left = {node: dict(res) for node, res in free.items()}
-    taken: dict[str, dict[str, float]] = {}
-    for part in _largest_first(parts):
-        node = _best_node(part, left)
-        if node is None:
-            return None
-        for r, v in part.items():
-            left[node][r] = left[node].get(r, 0.0) - v
-            taken.setdefault(node, {})[r] = taken.get(node, {}).get(r, 0.0) + v
-    return taken
+    return _grouped(free).fit(parts, skip=False)[0]
 
 
 def placed_count(parts: Sequence[Part], free: Mapping[str, Mapping[str, float]]) -> int:
     """How many of ``parts`` best-fit packing places in ``free``, skipping those that fit nowhere."""
-    left = {node: dict(res) for node, res in free.items()}
+    return _grouped(free).fit(parts, skip=True)[1]
+
+
+def _grouped(free: Mapping[str, Mapping[str, float]]) -> FreeNodes:
+    return free if isinstance(free, FreeNodes) else FreeNodes(free)
+
+
+def _best_fit(parts: Iterable[Part], nodes: FreeNodes, skip: bool) -> tuple[dict[str, dict[str, float]] | None, int]:
+    """Best fit of ``parts`` on ``nodes`` (not changed): (what each node gives, how many parts were
+    placed); (None, 0) when a part fits on no node, unless ``skip`` (then it is skipped).
+
+    Each part goes to the node ranked lowest by (free main resource left, free GPUs left, node id)
+    among those it fits: nodes of one shape rank alike but for the id, so each shape's first node
+    by id stands for them all. Only the shapes the parts land on are copied."""
+    ordered = _largest_first(parts)
+    growing = any(v < 0 for p in ordered for v in p.values())
+    if not skip and not growing and any(v > nodes.most(r) + EPS for p in ordered for r, v in p.items()):
+        return None, 0  # a part asks for more than any node has free, and free only shrinks
+    groups = nodes._groups
+    changed: dict[str, Mapping[str, float]] = {}  # node -> its free resources after the parts placed on it
+    taken: dict[str, dict[str, float]] = {}
     count = 0
-    for part in _largest_first(parts):
-        node = _best_node(part, left)
-        if node is not None:
-            count += 1
-            for r, v in part.items():
-                left[node][r] = left[node].get(r, 0.0) - v
-    return count
+    for part in ordered:
+        main = _main(part)
+        need_main, need_gpu = part.get(main, 0.0), part.get(GPU, 0.0)
+        best: tuple[float, float, str] | None = None
+        where: Shape = ()
+        for shape, (res, ids) in groups.items():
+            if all(res.get(r, 0.0) + EPS >= v for r, v in part.items()):
+                rank = (res.get(main, 0.0) - need_main, res.get(GPU, 0.0) - need_gpu, ids[0])
+                if best is None or rank < best:
+                    best, where = rank, shape
+        if best is None:
+            if skip:
+                continue
+            return None, 0
+        node = best[2]
+        count += 1
+        left = dict(changed.get(node, nodes._free[node]))
+        gives = taken.setdefault(node, {})
+        for r, v in part.items():
+            left[r] = left.get(r, 0.0) - v
+            gives[r] = gives.get(r, 0.0) + v
+        changed[node] = left
+        if groups is nodes._groups:
+            groups = dict(groups)  # copy on write: the shapes, not the nodes
+        res, ids = groups[where]
+        if len(ids) > 1:
+            groups[where] = (res, ids[1:])  # ``node`` is the first by id of its shape
+        else:
+            del groups[where]
+        shape = _shape(left)
+        joined = groups.get(shape)
+        if joined is None:
+            groups[shape] = (left, [node])
+        else:
+            ids = list(joined[1])
+            insort(ids, node)
+            groups[shape] = (joined[0], ids)
+    return taken, count
 
 
 def never_fits(parts: Sequence[Part], nodes: Sequence[NodeCapacity], unit: str) -> str | None:
     """Why ``parts`` cannot be packed onto ``nodes`` even with nothing else running, e.g. "needs 1
     node x 8 GPUs but the largest node has 4 GPUs (nodes: 4, 4 GPUs)"; None when they fit, or
-    when ``nodes`` is empty (not known)."""
+    when ``nodes`` is empty (not known). Remembered per (parts, node ids and totals): every queued
+    request asks again each tick, about the same nodes and a few shapes of request."""
     if not parts or not nodes:
         return None
-    totals = {n.node_id: n.total for n in nodes}
-    if pack(parts, totals) is not None:
+    return _never_fits(tuple(tuple(p.items()) for p in parts), _totals_of(nodes), unit)
+
+
+class _Totals:
+    """Node ids and totals in hashable form (in order), hashed once: a tick asks about the same
+    nodes for every queued request."""
+
+    __slots__ = ("_hash", "key")
+
+    def __init__(self, nodes: Sequence[NodeCapacity]) -> None:
+        self.key = tuple((n.node_id, tuple(n.total.items())) for n in nodes)
+        self._hash = hash(self.key)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, _Totals) and self._hash == other._hash and self.key == other.key)
+
+
+# id of a tuple of nodes -> (the tuple, its _Totals): a tuple of frozen nodes is read once.
+_SEEN: dict[int, tuple[Sequence[NodeCapacity], _Totals]] = {}
+_SEEN_MAX = 8
+
+
+def _totals_of(nodes: Sequence[NodeCapacity]) -> _Totals:
+    if not isinstance(nodes, tuple):
+        return _Totals(nodes)
+    seen = _SEEN.get(id(nodes))
+    if seen is not None and seen[0] is nodes:
+        return seen[1]
+    totals = _Totals(nodes)
+    if len(_SEEN) >= _SEEN_MAX:
+        _SEEN.clear()
+    _SEEN[id(nodes)] = (nodes, totals)  # held, so its id is not reused while remembered
+    return totals
+
+
+@functools.lru_cache(maxsize=256)
+def _never_fits(shapes: tuple[Shape, ...], totals: _Totals, unit: str) -> str | None:
+    parts = [dict(s) for s in shapes]
+    nodes = [NodeCapacity(node, dict(total)) for node, total in totals.key]
+    free = FreeNodes({n.node_id: n.total for n in nodes})
+    if pack(parts, free) is not None:
         return None
     main = _main_of(parts)
     sized = [p for p in parts if p.get(main, 0.0) > 0]
@@ -134,8 +318,8 @@ def never_fits(parts: Sequence[Part], nodes: Sequence[NodeCapacity], unit: str) 
     if biggest > largest + EPS:
         return f"needs {describe(parts, unit, [main])} but the largest node has {_amount(largest, main)} ({listing})"
     bare = [{main: p[main]} for p in sized]
-    if pack(bare, totals) is None:
-        held = placed_count(bare, totals)
+    if pack(bare, free) is None:
+        held = placed_count(bare, free)
         return f"needs {describe(parts, unit, [main])} but the nodes hold only {held} of them ({listing})"
     names = _names(parts)
     listing = _listing([n.total for n in nodes], names)
@@ -149,15 +333,17 @@ def short_on_nodes(
     node id -> total, to leave out nodes that have none of what is asked), e.g. "insufficient
     capacity per node: needs 1 node x 4 GPUs, each on one node; free per node: 2, 2 GPUs", with
     the resources it is short of (the main one alone when it is short by itself); None when they fit."""
-    if not parts or pack(parts, free) is not None:
+    if not parts:
+        return None
+    free = _grouped(free)
+    if pack(parts, free) is not None:
         return None
     main = _main_of(parts)
     bare = [{main: p[main]} for p in parts if p.get(main, 0.0) > 0]
     names = [main] if bare and pack(bare, free) is None else _names(parts)
-    shown = [res for node, res in free.items() if totals.get(node, {}).get(main, 0.0) > 0]
     why = (
         f"insufficient capacity per node: needs {describe(parts, unit, names)}, each on one node; "
-        f"free per node: {_listing(shown, names, zeros=True)}"
+        f"free per node: {free.shown(totals, names)}"
     )
     return why, tuple(sorted(names))
 
@@ -256,17 +442,8 @@ def _largest_first(parts: Iterable[Part]) -> list[Part]:
     return sorted(parts, key=lambda p: (-p.get(GPU, 0.0), -sum(p.values()), sorted(p.items())))
 
 
-def _best_node(part: Part, left: Mapping[str, Mapping[str, float]]) -> str | None:
-    """The node ``part`` fits on that it leaves the least of its main resource free, then the
-    fewest free GPUs, then the first by id; None when it fits on none."""
-    main = _main(part)
-    best: tuple[float, float, str] | None = None
-    for node, res in left.items():
-        if all(res.get(r, 0.0) + EPS >= v for r, v in part.items()):
-            rank = (res.get(main, 0.0) - part.get(main, 0.0), res.get(GPU, 0.0) - part.get(GPU, 0.0), node)
-            if best is None or rank < best:
-                best = rank
-    return best[2] if best is not None else None
+def _shape(res: Mapping[str, float]) -> Shape:
+    return tuple(sorted(res.items()))
 
 
 def _nonempty(parts: list[dict[str, float]]) -> tuple[dict[str, float], ...]:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from reconciler.plan.actual import ActualModel, ActualState, Capacity, NodeCapacity, sub
-from reconciler.plan.placement import Part, pack, short_on_nodes, task_parts
+from reconciler.plan.placement import FreeNodes, Part, pack, short_on_nodes, task_parts
 from reconciler.spec.hashing import task_spec_hash
 from reconciler.spec.types import GPU, NO_TEAM, QUOTA_RESOURCES, SLOTS, ClusterSpec, DesiredState, Team
 
@@ -90,7 +90,7 @@ class Ledger:
     # that declares only GPUs neither borrows nor lends driver slots).
     managed: tuple[str, ...] = ()
     # Free resources per node (node id -> resources); None: Ray did not report nodes.
-    nodes: dict[str, dict[str, float]] | None = None
+    nodes: FreeNodes | None = None
     node_totals: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @classmethod
@@ -136,7 +136,7 @@ class Ledger:
         return ledger
 
     def _nodes_of(self, nodes: tuple[NodeCapacity, ...], pending: list[Part]) -> None:
-        self.nodes = {n.node_id: dict(n.available) for n in nodes}
+        self.nodes = FreeNodes({n.node_id: dict(n.available) for n in nodes})
         self.node_totals = {n.node_id: dict(n.total) for n in nodes}
         # Ray has not said where pending work goes: each part takes room where argus would put
         # it, and a part that fits nowhere is left out (Ray may already count it, as a replica
@@ -288,10 +288,7 @@ class Ledger:
         taken = pack(parts, self.nodes)
         if taken is None:
             return False
-        for node, res in taken.items():
-            free = self.nodes[node]
-            for r, v in res.items():
-                free[r] = free.get(r, 0.0) - v
+        self.nodes.take(taken)
         return True
 
     def give_back(self, user: str, amount: Mapping[str, float], real: Mapping[str, float]) -> None:

@@ -15,14 +15,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reconciler.observe.capacity import observe_capacity, parse_capacity
+from reconciler.plan import placement
 from reconciler.plan.actions import Action, ActionType
 from reconciler.plan.actual import ActualState, Capacity, NodeCapacity
 from reconciler.plan.admission import unschedulable
 from reconciler.plan.placement import (
+    FreeNodes,
     demand_parts,
     model_parts,
     never_fits,
     pack,
+    placed_count,
     short_on_nodes,
     task_parts,
 )
@@ -313,3 +316,173 @@ def test_one_tick_never_admits_more_than_the_nodes_hold(nodes: list[Any], tasks:
             assert not fits_empty, action.reason
         else:
             assert fits_empty, action.reason
+
+
+# -- the grouped packing against the packing it replaced ------------------------------------------
+# Until 2026-12, pack copied every node per call and scanned every node per part, and never_fits
+# packed the node totals again for every request. What follows is that code as it was: the grouped
+# packing (FreeNodes), the remembered never_fits and the remembered per-node listing must answer
+# exactly as it did, texts included.
+
+
+def old_best_node(part: Mapping[str, float], left: Mapping[str, Mapping[str, float]]) -> str | None:
+    main = placement._main(part)
+    best: tuple[float, float, str] | None = None
+    for node, res in left.items():
+        if all(res.get(r, 0.0) + 1e-9 >= v for r, v in part.items()):
+            rank = (res.get(main, 0.0) - part.get(main, 0.0), res.get("GPU", 0.0) - part.get("GPU", 0.0), node)
+            if best is None or rank < best:
+                best = rank
+    return best[2] if best is not None else None
+
+
+def old_pack(
+    parts: Sequence[Mapping[str, float]], free: Mapping[str, Mapping[str, float]]
+) -> dict[str, dict[str, float]] | None:
+    left = {node: dict(res) for node, res in free.items()}
+    taken: dict[str, dict[str, float]] = {}
+    for part in placement._largest_first(parts):
+        node = old_best_node(part, left)
+        if node is None:
+            return None
+        for r, v in part.items():
+            left[node][r] = left[node].get(r, 0.0) - v
+            taken.setdefault(node, {})[r] = taken.get(node, {}).get(r, 0.0) + v
+    return taken
+
+
+def old_placed_count(parts: Sequence[Mapping[str, float]], free: Mapping[str, Mapping[str, float]]) -> int:
+    left = {node: dict(res) for node, res in free.items()}
+    count = 0
+    for part in placement._largest_first(parts):
+        node = old_best_node(part, left)
+        if node is not None:
+            count += 1
+            for r, v in part.items():
+                left[node][r] = left[node].get(r, 0.0) - v
+    return count
+
+
+def old_never_fits(parts: Sequence[Mapping[str, float]], nodes: Sequence[NodeCapacity], unit: str) -> str | None:
+    if not parts or not nodes:
+        return None
+    totals = {n.node_id: n.total for n in nodes}
+    if old_pack(parts, totals) is not None:
+        return None
+    main = placement._main_of(parts)
+    sized = [p for p in parts if p.get(main, 0.0) > 0]
+    biggest = max((p.get(main, 0.0) for p in sized), default=0.0)
+    largest = max((n.total.get(main, 0.0) for n in nodes), default=0.0)
+    listing = placement._listing([n.total for n in nodes], [main])
+    described = placement.describe(parts, unit, [main])
+    if biggest > largest + 1e-9:
+        return f"needs {described} but the largest node has {placement._amount(largest, main)} ({listing})"
+    bare = [{main: p[main]} for p in sized]
+    if old_pack(bare, totals) is None:
+        held = old_placed_count(bare, totals)
+        return f"needs {described} but the nodes hold only {held} of them ({listing})"
+    names = placement._names(parts)
+    listing = placement._listing([n.total for n in nodes], names)
+    return f"needs {placement.describe(parts, unit, names)} but no node has them all together ({listing})"
+
+
+def old_short_on_nodes(
+    parts: Sequence[Mapping[str, float]],
+    free: Mapping[str, Mapping[str, float]],
+    totals: Mapping[str, Mapping[str, float]],
+    unit: str,
+) -> tuple[str, tuple[str, ...]] | None:
+    if not parts or old_pack(parts, free) is not None:
+        return None
+    main = placement._main_of(parts)
+    bare = [{main: p[main]} for p in parts if p.get(main, 0.0) > 0]
+    names = [main] if bare and old_pack(bare, free) is None else placement._names(parts)
+    shown = [res for node, res in free.items() if totals.get(node, {}).get(main, 0.0) > 0]
+    why = (
+        f"insufficient capacity per node: needs {placement.describe(parts, unit, names)}, each on one node; "
+        f"free per node: {placement._listing(shown, names, zeros=True)}"
+    )
+    return why, tuple(sorted(names))
+
+
+# Few distinct values, so that many nodes share a shape (and differ only by id); a resource a node
+# lacks, or has 0 of, and a 0.5 that leaves fractions.
+GEN_NODE = st.fixed_dictionaries(
+    {"GPU": st.sampled_from([0.0, 1.0, 2.0, 4.0, 8.0])},
+    optional={"worker_node": st.sampled_from([0.0, 1.0, 2.0]), "CPU": st.sampled_from([0.0, 4.0, 8.5])},
+)
+GEN_PART = st.one_of(
+    st.fixed_dictionaries({"GPU": st.sampled_from([0.5, 1.0, 2.0, 4.0, 8.0])}),
+    st.just({"worker_node": 1.0}),
+    st.fixed_dictionaries({"GPU": st.sampled_from([1.0, 4.0]), "worker_node": st.just(1.0)}),
+    st.fixed_dictionaries({"CPU": st.sampled_from([1.0, 4.0])}, optional={"worker_node": st.just(1.0)}),
+    st.just({"GPU": 1.0, "CPU": -8.0}),  # argus asks for none, but pack gives back as it always did
+)
+GEN_FREE = st.dictionaries(st.text("abcdefghij", min_size=1, max_size=2), GEN_NODE, min_size=1, max_size=12)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(GEN_FREE, st.lists(st.lists(GEN_PART, min_size=1, max_size=6), min_size=1, max_size=6), st.data())
+def test_grouped_packing_answers_as_the_scan_of_every_node(
+    free: dict[str, dict[str, float]], requests: list[list[dict[str, float]]], data: st.DataObject
+) -> None:
+    """Requests placed one after another (as a tick admits them): the grouped packing, its count,
+    the per-node reason and the never-fits reason are the old ones, on a plain mapping and on
+    FreeNodes as :meth:`FreeNodes.take` changes it."""
+    totals = {node: dict(res) for node, res in free.items()}
+    nodes = tuple(NodeCapacity(node, res) for node, res in totals.items())
+    old_left = {node: dict(res) for node, res in free.items()}
+    grouped = FreeNodes({node: dict(res) for node, res in free.items()})
+    for parts in requests:
+        unit = data.draw(st.sampled_from(["node", "replica"]))
+        expected = old_pack(parts, old_left)
+        assert pack(parts, old_left) == expected
+        assert pack(parts, grouped) == expected
+        assert placed_count(parts, grouped) == old_placed_count(parts, old_left) == placed_count(parts, old_left)
+        assert short_on_nodes(parts, grouped, totals, unit) == old_short_on_nodes(parts, old_left, totals, unit)
+        assert short_on_nodes(parts, old_left, totals, unit) == old_short_on_nodes(parts, old_left, totals, unit)
+        assert never_fits(parts, nodes, unit) == old_never_fits(parts, nodes, unit)
+        assert never_fits(parts, list(nodes), unit) == old_never_fits(parts, nodes, unit)
+        if expected is not None:  # admitted: Ledger.place takes it from the nodes
+            for node, res in expected.items():
+                for r, v in res.items():
+                    old_left[node][r] = old_left[node].get(r, 0.0) - v
+            grouped.take(expected)
+        assert dict(grouped) == old_left and list(grouped) == list(old_left)
+        # The groups hold every node once, under its own free resources.
+        groups = grouped._groups
+        assert sorted(n for _, ids in groups.values() for n in ids) == sorted(old_left)
+        assert all(placement._shape(old_left[n]) == shape for shape, (_, ids) in groups.items() for n in ids)
+
+
+def test_never_fits_is_remembered_per_nodes_and_parts() -> None:
+    nodes = (NodeCapacity("a", {"GPU": 4.0}), NodeCapacity("b", {"GPU": 4.0}))
+    three = ({"GPU": 4.0},) * 3
+    why = "needs 3 replicas x 4 GPUs but the nodes hold only 2 of them (nodes: 4, 4 GPUs)"
+    assert never_fits(three, nodes, "replica") == why
+    hits = placement._never_fits.cache_info().hits
+    # Equal parts and nodes given as other objects: answered from memory, the same.
+    again = tuple(NodeCapacity(n.node_id, dict(n.total)) for n in nodes)
+    assert never_fits([{"GPU": 4.0}] * 3, again, "replica") == why
+    assert placement._never_fits.cache_info().hits == hits + 1
+    # Other totals, ids, units or parts are other questions.
+    assert never_fits(three, (NodeCapacity("a", {"GPU": 4.0}), NodeCapacity("b", {"GPU": 8.0})), "replica") is None
+    assert never_fits(three, nodes, "node") == why.replace("replicas", "nodes")
+    assert never_fits(({"GPU": 4.0},) * 2, nodes, "replica") is None
+    # A list of nodes may change between calls: it is read each time.
+    listed = list(nodes)
+    assert never_fits(three, listed, "replica") == why
+    listed.append(NodeCapacity("c", {"GPU": 4.0}))
+    assert never_fits(three, listed, "replica") is None
+
+
+def test_the_remembered_listing_follows_the_totals_and_the_takes() -> None:
+    free = FreeNodes({"a": {"GPU": 2.0}, "b": {"GPU": 1.0}, "head": {"CPU": 8.0}})
+    both = {"a": {"GPU": 4.0}, "b": {"GPU": 4.0}, "head": {"CPU": 8.0}}
+    only_a = {"a": {"GPU": 4.0}, "b": {"CPU": 1.0}, "head": {"CPU": 8.0}}
+    assert free.shown(both, ["GPU"]) == "2, 1 GPUs"
+    assert free.shown(only_a, ["GPU"]) == "2 GPUs"
+    assert free.shown(both, ["GPU"]) == "2, 1 GPUs"
+    free.take({"a": {"GPU": 2.0}})
+    assert free.shown(both, ["GPU"]) == "1, 0 GPUs"
+    assert free == {"a": {"GPU": 0.0}, "b": {"GPU": 1.0}, "head": {"CPU": 8.0}}
