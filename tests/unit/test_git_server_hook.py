@@ -115,6 +115,63 @@ def test_the_status_branch_name_comes_from_the_repository(server: tuple[Path, Pa
     assert push(work, bare, "main:refs/heads/argus/status").returncode == 0  # no longer special
 
 
+@pytest.mark.parametrize(
+    ("status_branch", "name", "blocks"),
+    [
+        ("argus/status", "argus", "names a folder above"),  # then refs/heads/argus/status cannot be made
+        ("argus/status", "argus/status/x", "lies under"),
+        ("argus/status", "argus/status/x/y", "lies under"),
+        ("ops/argus/status", "ops", "names a folder above"),
+        ("ops/argus/status", "ops/argus", "names a folder above"),
+    ],
+)
+def test_a_branch_that_would_block_the_status_branch_is_refused(
+    server: tuple[Path, Path], status_branch: str, name: str, blocks: str
+) -> None:
+    bare, work = server
+    git("config", "argus.statusBranch", status_branch, cwd=bare)
+    proc = push(work, bare, f"main:refs/heads/{name}")
+    assert proc.returncode != 0
+    assert f"argus: refused refs/heads/{name}: this name {blocks} the status branch {status_branch}" in proc.stderr
+    assert refs(bare) == set()
+    # The daemon can still create its branch (as it does: update-ref in the bare repository).
+    head = git("rev-parse", "HEAD", cwd=work).stdout.strip()
+    assert push(work, bare, "main").returncode == 0
+    git("update-ref", f"refs/heads/{status_branch}", head, cwd=bare)
+
+
+@pytest.mark.parametrize(
+    "name", ["argus-status", "argusx", "status", "argus/statusx", "argus/other", "x/argus/status", "argus/stat"]
+)
+def test_names_beside_the_status_branch_are_accepted(server: tuple[Path, Path], name: str) -> None:
+    bare, work = server
+    assert push(work, bare, f"main:refs/heads/{name}").returncode == 0
+    assert f"refs/heads/{name}" in refs(bare)
+
+
+@pytest.mark.parametrize("tag", ["argus", "argus/status", "argus/status/x"])
+def test_tags_named_like_the_status_branch_are_accepted(server: tuple[Path, Path], tag: str) -> None:
+    """Tags live under refs/tags/: they cannot keep refs/heads/argus/status from being created."""
+    bare, work = server
+    git("tag", tag, cwd=work)
+    assert push(work, bare, f"refs/tags/{tag}").returncode == 0
+    head = git("rev-parse", "HEAD", cwd=work).stdout.strip()
+    git("update-ref", "refs/heads/argus/status", head, cwd=bare)  # the daemon's first write still works
+
+
+def test_deleting_a_blocking_branch_is_left_to_the_server_settings(server: tuple[Path, Path]) -> None:
+    """One created past the hook (directly in the repository) may be deleted where deletes are allowed:
+    that only unblocks the status branch."""
+    bare, work = server
+    git("config", "receive.denyDeletes", "false", cwd=bare)
+    assert push(work, bare, "main").returncode == 0
+    head = git("rev-parse", "HEAD", cwd=work).stdout.strip()
+    git("update-ref", "refs/heads/argus", head, cwd=bare)
+    proc = push(work, bare, ":refs/heads/argus")
+    assert proc.returncode == 0, proc.stderr
+    assert refs(bare) == {"refs/heads/main"}
+
+
 def test_entrypoint_sets_the_repository_limits() -> None:
     text = (GIT_SERVER / "entrypoint").read_text()
     for setting in ("receive.denyNonFastForwards true", "receive.denyDeletes true", "receive.fsckObjects true"):
