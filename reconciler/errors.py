@@ -111,6 +111,12 @@ class ConcurrentWrite(TemporaryError):
     """Another writer moved a ref argus was updating (compare-and-swap lost): re-read, retry."""
 
 
+class StatusBranchBlocked(TemporaryError):
+    """The status branch cannot be created in the repository argus writes: another ref is named like
+    a folder above it or lies under it (git cannot store both). Not a lost race: retrying changes
+    nothing until someone removes that ref, so nothing that needs a record is applied meanwhile."""
+
+
 class ApplyFailed(ArgusError):
     """An action did not take: always one of :class:`ApplyRefused` (permanent) or
     :class:`ApplyDeferred` (temporary)."""

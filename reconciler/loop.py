@@ -155,6 +155,9 @@ class Daemon:
                 out["lease"]["ignored"] = self.lease.ignored
         if self.writer.alerts:
             out["integrity"] = list(self.writer.alerts)  # forged records ignored (status/trust.py)
+        blocked = self.writer.blocked  # a ref that keeps the status branch from being created or published
+        if blocked is not None:
+            out["ok"], out["status_branch"] = False, blocked
         return out
 
     def close(self) -> None:

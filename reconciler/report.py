@@ -250,16 +250,18 @@ class Reporter:
         for key in [k for k in self._logged if k not in result.statuses and k not in acting]:
             del self._logged[key]
         applied = result.applied  # a set built from the outcomes: once, not once per action
+        failures = result.failures  # why a step did not take (not submitted, preemption held, ...)
         for action in changes:
-            line = json.dumps(
-                {
-                    "event": action.type.value,
-                    "object": str(action.key),
-                    "reason": action.reason,
-                    "applied": action.key in applied,
-                    "revision": result.revision[:12],
-                }
-            )
+            entry: dict[str, Any] = {
+                "event": action.type.value,
+                "object": str(action.key),
+                "reason": action.reason,
+                "applied": action.key in applied,
+                "revision": result.revision[:12],
+            }
+            if action.key in failures:
+                entry["error"] = failures[action.key]
+            line = json.dumps(entry)
             if self._logged.get(action.key) != line:
                 log.info(self.redact(line))
                 self._logged[action.key] = line

@@ -1,4 +1,4 @@
-"""Apply one tick's plan: stops, one Serve PUT, submissions. I/O.
+"""Apply one tick's plan: records, stops, one Serve PUT, submissions. I/O.
 
 :meth:`Applier.apply` returns an :class:`Applied` value: one :class:`~reconciler.plan.outcome.Outcome`
 per object it touched, and what Ray holds now that it did not when the tick observed it. The
@@ -24,10 +24,17 @@ from reconciler.backoff import Backoff
 from reconciler.builders.jobs import job_submission
 from reconciler.builders.serve import app_name, model_app_config
 from reconciler.dashboard import Dashboard
-from reconciler.errors import ApplyDeferred, ArgusError, PermanentError, RayUnavailable, TemporaryError
+from reconciler.errors import (
+    ApplyDeferred,
+    ArgusError,
+    PermanentError,
+    RayUnavailable,
+    StatusBranchBlocked,
+    TemporaryError,
+)
 from reconciler.observe.jobs import resume_point
 from reconciler.observe.serve import ServeObservation
-from reconciler.plan.actions import ActionType, Plan
+from reconciler.plan.actions import Action, ActionType, Plan
 from reconciler.plan.actual import PREEMPTED, ActualJob, ActualState
 from reconciler.plan.outcome import Outcome
 from reconciler.spec.hashing import task_spec_hash
@@ -36,7 +43,8 @@ from reconciler.spec.types import DesiredState, ObjectKey, TaskSpec
 log = logging.getLogger("argus")
 
 # (key, submission id, spec hash) of each run about to be submitted; returns whether they are
-# recorded durably (False: submit nothing this tick).
+# recorded durably (False: submit nothing this tick). Raises StatusBranchBlocked when no record can
+# be made at all; called with no runs, it only checks that (before a preemption is applied).
 RecordRuns = Callable[[list[tuple[ObjectKey, str, str]]], bool]
 _Attempt = tuple[ObjectKey, str | None]  # a task under one spec hash
 
@@ -99,20 +107,33 @@ class Applier:
         revision: str,
         record_runs: RecordRuns | None = None,
     ) -> Applied:
-        """Apply ``plan``: stops, then the Serve PUT, then submissions (each recorded by
-        ``record_runs`` before it is sent; None: not recorded ahead). Returns what it did, one
-        outcome per object. Raises RayUnavailable (Ray went away mid-apply: the tick stops); any
-        other failure is that object's outcome."""
+        """Apply ``plan``: record the runs about to be submitted (``record_runs``; None: not
+        recorded ahead), then stops, then the Serve PUT, then submissions. A preemption (a stop or
+        scale-down that makes room for another object) is applied only once what it makes room for
+        is on record: never when the records cannot be written, never for a task whose run is not
+        submitted this tick. Returns what it did, one outcome per object. Raises RayUnavailable
+        (Ray went away mid-apply: the tick stops); any other failure is that object's outcome."""
         out = Applied()
+        submits = self._due(out, plan, actual)
+        unrecorded = self._record(submits, plan, record_runs)
+        held = self._held(plan, submits, unrecorded)
+        for key, why in held.items():
+            out.fail(key, why, retry_in=0.0)
         for action in plan.of(ActionType.STOP_TASK):
+            if action.preempted_by is not None and action.key in held:
+                continue
             sid = action.submission_id or ""
             error = _try(partial(stop_job, self.dash, sid))
             out.note(action.key, error)
             if error is None and action.preempted_by is not None:
                 out.stopped[sid] = action.reason
                 out.preempted[action.key] = action.preempted_by
-        self._apply_serve(out, plan, desired, actual, serve)
-        self._submit_all(out, plan, desired, actual, revision, record_runs)
+        self._apply_serve(out, plan, desired, actual, serve, held)
+        if unrecorded is not None:
+            for action in submits:
+                out.fail(action.key, f"not submitted: {unrecorded}", retry_in=0.0)
+        else:
+            self._submit_all(out, submits, desired, revision)
         self._forget_gone(desired.tasks.keys() | desired.invalid.keys())
         return out
 
@@ -120,15 +141,9 @@ class Applier:
         """How many entries each memo holds (the soak checks they stay bounded)."""
         return {"refused": len(self._refused), "retrying": len(self._retrying), "backoff": len(self._backoff)}
 
-    def _submit_all(
-        self,
-        out: Applied,
-        plan: Plan,
-        desired: DesiredState,
-        actual: ActualState,
-        revision: str,
-        record_runs: RecordRuns | None,
-    ) -> None:
+    def _due(self, out: Applied, plan: Plan, actual: ActualState) -> list[Action]:
+        """The submissions of ``plan`` to send now; the others (refused for good, in back-off, or
+        under a submission id another object holds) fail in ``out``."""
         now = time.monotonic()
         submits = []
         # A submission id Ray already holds for another object would be taken as "submitted".
@@ -149,12 +164,45 @@ class Applier:
                 out.fail(action.key, why, retry_in=wait)
             else:
                 submits.append(action)
-        if submits and record_runs is not None:
-            runs = [(a.key, a.submission_id or "", a.spec_hash or "") for a in submits]
-            if not record_runs(runs):
-                for action in submits:
-                    out.fail(action.key, "could not record the run on the status branch first (retried)", retry_in=0.0)
-                return
+        return submits
+
+    @staticmethod
+    def _record(submits: list[Action], plan: Plan, record_runs: RecordRuns | None) -> str | None:
+        """Record ``submits``' runs before anything is applied (with none, when ``plan`` preempts,
+        check that records can be written). Returns None when they are on record (or nothing needs
+        one), else why not: then nothing is submitted and no preemption is applied."""
+        if record_runs is None or not (submits or plan.preemptions):
+            return None
+        try:
+            recorded = record_runs([(a.key, a.submission_id or "", a.spec_hash or "") for a in submits])
+        except StatusBranchBlocked as exc:
+            return str(exc)
+        return None if recorded else "could not record the run on the status branch first (retried)"
+
+    @staticmethod
+    def _held(plan: Plan, submits: list[Action], unrecorded: str | None) -> dict[ObjectKey, str]:
+        """The preemptions not applied this tick, victim -> why: every one when the runs could not
+        be recorded (``unrecorded``; a stopped attempt could not be recorded PREEMPTED either, so it
+        would never resume), and each one for a task whose run is not submitted this tick (stopping
+        work for it would free room nothing takes). A model that the held preemptions made room for
+        is held as well (model -> why): deployed beside the work it was to replace, it would count
+        as admitted and never get that room."""
+        sent = {a.key for a in submits}
+        held: dict[ObjectKey, str] = {}
+        for action in plan.preemptions:
+            preemptor = action.preempted_by
+            if preemptor is None:
+                continue
+            if unrecorded is not None:
+                held[action.key] = f"not preempted for {preemptor}: {unrecorded}"
+                if preemptor.kind == "model":
+                    held[preemptor] = f"waits for the room its preemptions make, held: {unrecorded}"
+            elif preemptor.kind == "task" and preemptor not in sent:
+                held[action.key] = f"not preempted for {preemptor}: its run is not submitted this tick (see its status)"
+        return held
+
+    def _submit_all(self, out: Applied, submits: list[Action], desired: DesiredState, revision: str) -> None:
+        """Send ``submits`` (on record already), each failing alone."""
         for action in submits:
             task = desired.tasks[action.key]
             sid = action.submission_id or ""
@@ -206,7 +254,13 @@ class Applier:
         self._retrying.pop(attempt, None)
 
     def _apply_serve(
-        self, out: Applied, plan: Plan, desired: DesiredState, actual: ActualState, serve: ServeObservation
+        self,
+        out: Applied,
+        plan: Plan,
+        desired: DesiredState,
+        actual: ActualState,
+        serve: ServeObservation,
+        held: Mapping[ObjectKey, str] | None = None,
     ) -> None:
         """Send the whole owned app set in one PUT, only when it differs from what runs.
 
@@ -214,8 +268,14 @@ class Applier:
         object already takes) fails alone: what runs for it is carried as it runs, and the
         PUT carries every other application."""
         changing = (ActionType.UPDATE_MODEL, ActionType.SCALE_MODEL, ActionType.DEPLOY_MODEL)
+        held = held or {}
         # A preempted model runs fewer replicas than its file asks for until there is room again.
-        preempted = {a.key: a.replicas for a in plan.of(ActionType.SCALE_MODEL) if a.preempted_by and a.replicas}
+        # One whose preemption is held keeps running as it runs (carried through below).
+        preempted = {
+            a.key: a.replicas
+            for a in plan.of(ActionType.SCALE_MODEL)
+            if a.preempted_by and a.replicas and a.key not in held
+        }
         apps: dict[str, dict[str, Any]] = {}
         holders: dict[str, ObjectKey] = {}
         touched: list[ObjectKey] = []
@@ -226,6 +286,8 @@ class Applier:
                 touched.append(key)
                 continue
             change = next((by_type[t] for t in changing if t in by_type), None)
+            if change is not None and key in held:
+                change = None  # a held preemption's victim or preemptor: left as it runs
             if change is not None and change.source_path:
                 changes.append((key, change))
                 continue

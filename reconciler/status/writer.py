@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reconciler import git
-from reconciler.errors import ConcurrentWrite
+from reconciler.errors import ConcurrentWrite, StatusBranchBlocked
 from reconciler.plan.actions import ActionType, Plan
 from reconciler.plan.assess import ObjectStatus
 from reconciler.plan.memory import key_of_path
 from reconciler.plan.moved import moved
-from reconciler.redact import redact, redact_tree
+from reconciler.redact import redact, redact_tree, redact_url
 from reconciler.source.remote import RepoSource, tracking_ref
+from reconciler.status import blocking
 from reconciler.status.branch import TreeWriter, hash_blobs, tip, write_note
 from reconciler.status.documents import ReadmeRows, dump, dump_json, object_document, readme, readme_row
 from reconciler.status.persistent import evolved
@@ -256,6 +257,12 @@ class StatusWriter:
     _trust: StatusTrust | None = None
     _refs_seen: tuple[str | None, str | None] | None = None  # (local, published) last resolved
     _expected: str | None = None  # where the local ref is (the CAS value of the next commit)
+    # Why the status branch cannot be created here, or published to the remote: a ref that blocks
+    # it (:mod:`reconciler.status.blocking`), found each time the refs are read; None when none
+    # does. Shown on /healthz. ``_blocked_here``: the block is in the repository argus writes (then
+    # nothing is recorded, :class:`~reconciler.errors.StatusBranchBlocked`), not only on the remote.
+    blocked: str | None = None
+    _blocked_here: bool = False
 
     def __post_init__(self) -> None:
         self.source.status_branch = self.branch  # mirrored from the remote never (remote.py)
@@ -299,7 +306,11 @@ class StatusWriter:
                 # the next attempt starts from the new tip (re-read when it is not ours).
                 log.info("status branch moved under us (%s); retrying on the new tip", exc)
                 continue
+            except StatusBranchBlocked:
+                return None  # logged and shown on /healthz from when it began (_set_blocked)
             noted = self._note(report)
+            if self.blocked is not None:
+                return commit  # written here; the remote cannot take it until its blocking ref is gone
             republish = self._unpublished()
             if commit is None and not noted and not republish:
                 return None
@@ -336,10 +347,18 @@ class StatusWriter:
         push, before they are submitted: a run is on record before it can exist in Ray, so a
         kill at any later point (and a Ray head restart) can never make it run twice.
 
-        Returns False when the record could not be made durable (then nothing is submitted)."""
+        Returns False when the record could not be made durable (then nothing is submitted).
+        Raises StatusBranchBlocked when the branch cannot be created here (:attr:`blocked`); with
+        no ``runs`` it only checks that (a preemption is applied only when its record can follow).
+        A branch that the remote alone cannot take is recorded here (the mirror argus writes and
+        reads back), as after any failed push, and published once the remote can take it."""
         for _attempt in range(MAX_ATTEMPTS):
             with self._lock:
                 parent = self._refresh()
+                if self._blocked_here:
+                    raise StatusBranchBlocked(self.blocked or self.branch)
+                if not runs:
+                    return True
                 expected = self._expected
                 view = self._view()  # never changed: read without a copy
                 # Before the ref can move: a report written meanwhile must already see the record.
@@ -365,7 +384,7 @@ class StatusWriter:
             if commit is not None:
                 with self._lock:
                     self._committed(commit)
-            if commit is None or self.source.push([f"refs/heads/{self.branch}"]):
+            if commit is None or self.blocked is not None or self.source.push([f"refs/heads/{self.branch}"]):
                 if commit is not None:
                     with self._lock:
                         if self._tip == parent:
@@ -387,6 +406,7 @@ class StatusWriter:
         local ref is."""
         repo = self.source.repo.path
         if self.auth_key is None:
+            self._refs()  # for the refs that may block the branch
             parent = tip(repo, self.branch)
             self._expected = parent
             if parent != self._tip:  # first use, or someone else moved the branch: re-read it
@@ -415,15 +435,32 @@ class StatusWriter:
         return base
 
     def _refs(self) -> tuple[str | None, str | None]:
-        """(the local status ref, the remote's copy of it: None for a local repository)."""
+        """(the local status ref, the remote's copy of it: None for a local repository). The same
+        listing names the refs that block the branch here or on the remote (:attr:`blocked`)."""
         own = f"refs/heads/{self.branch}"
-        refs = [own] if self.source.local else [own, tracking_ref(own)]
-        listing = git.text(self.source.repo.path, "for-each-ref", "--format=%(objectname) %(refname)", *refs)
+        remote = tracking_ref(own).removesuffix(self.branch)  # where the remote's branches are fetched to
+        patterns = blocking.patterns(self.branch)
+        if not self.source.local:
+            patterns += blocking.patterns(self.branch, remote)
+        listing = git.text(self.source.repo.path, "for-each-ref", "--format=%(objectname) %(refname)", *patterns)
         found: dict[str, str] = {}
         for line in listing.splitlines():
             sha, _, ref = line.partition(" ")
             found[ref] = sha
+        where = "the repository" if self.source.local else f"the remote {redact_url(self.source.url)}"
+        self._set_blocked(*blocking.blocked(found, self.branch, where, None if self.source.local else remote))
         return found.get(own), (None if self.source.local else found.get(tracking_ref(own)))
+
+    def _set_blocked(self, message: str | None, here: bool) -> None:
+        """Record what blocks the branch (None: nothing); logged when it begins, changes or ends."""
+        if message is not None:
+            message = self.redact(message)
+        if message != self.blocked:
+            if message is not None:
+                log.error(json.dumps({"event": "status_branch_blocked", "error": message}))
+            else:
+                log.info(json.dumps({"event": "status_branch_unblocked", "branch": self.branch}))
+        self.blocked, self._blocked_here = message, here
 
     def _committed(self, commit: str) -> None:
         """``commit`` is argus's and the local ref is at it (call under the lock)."""
@@ -451,6 +488,8 @@ class StatusWriter:
         repo = self.source.repo.path
         with self._lock:  # a consistent view of the cache; built and committed outside the lock
             parent = self._refresh()
+            if self._blocked_here:
+                raise StatusBranchBlocked(self.blocked or self.branch)
             expected = self._expected
             alerts = list(self.alerts)
             view = self._view()  # a snapshot is never changed: read without a copy
