@@ -406,6 +406,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 health=daemon.health,
                 pages=None if args.web_listen else pages,
                 max_body=args.webhook_max_bytes,
+                user_header=None if args.web_listen else args.web_user_header,
             )
         )
         if args.web_listen:
@@ -417,6 +418,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                     secret=None,
                     health=daemon.health,
                     pages=pages,
+                    user_header=args.web_user_header,
                 )
             )
     except (OSError, ValueError) as exc:
@@ -699,6 +701,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="a separate address for the status pages and /api/v1 (plus /metrics and /healthz, no webhook), "
         "e.g. an internal one while --listen faces the git host [ARGUS_WEB_LISTEN]",
+    )
+    d.add_argument(
+        "--web-user-header",
+        default=_env("WEB_USER_HEADER"),
+        metavar="NAME",
+        help="a request header in which an authenticating proxy in front of the pages names the user it "
+        "authenticated (e.g. X-Forwarded-User): log reads and followers are then counted per user, not per "
+        "client address, and a user following her own task's log is never locked out by others. Set it "
+        "only where every request to the pages passes that proxy: a client reaching the daemon directly "
+        "could name any user [ARGUS_WEB_USER_HEADER]",
     )
     d.add_argument(
         "--webhook-max-bytes",

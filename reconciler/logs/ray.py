@@ -25,7 +25,7 @@ from reconciler.builders.serve import app_name
 from reconciler.dashboard import Dashboard, DashboardError, RayStream
 from reconciler.errors import ArgusError
 from reconciler.errors import LogNotFound as LogNotFound  # raised here; callers catch it from here
-from reconciler.logs.slots import Slots
+from reconciler.logs.slots import Requester, Slot, Slots
 from reconciler.logs.tail import (
     CHUNK,
     DEFAULT_LIMIT_BYTES,
@@ -108,8 +108,11 @@ class RayLogs:
     ``max_follow_s`` or ``max_follow_bytes`` (the client reconnects if it still cares), and
     ``poll_s`` is how often it checks the run's state. Each read holds a page thread of the web
     server, so there are few at once: ``max_followers`` followers and ``max_readers`` reads, each
-    at most ``per_user`` for one user's objects and ``per_client`` for one client address; both
-    together stay below the page threads (8), so no log can starve the pages.
+    at most ``per_requester`` for one requester (the user an authenticating proxy vouched for, else
+    the client address: :class:`~reconciler.logs.slots.Requester`); both together stay below the
+    page threads (8), so no log can starve the pages. A user vouched for who follows her own task's
+    log when every follower slot is taken gets the slot of someone following another user's: a
+    stranger cannot lock her out of her own logs.
     """
 
     def __init__(
@@ -123,8 +126,7 @@ class RayLogs:
         max_follow_bytes: int = 64 * 1024 * 1024,
         max_followers: int = 4,
         max_readers: int = 3,
-        per_user: int = 2,
-        per_client: int = 2,
+        per_requester: int = 2,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.dash = dash
@@ -134,8 +136,8 @@ class RayLogs:
         self.max_follow_s = max_follow_s
         self.max_follow_bytes = max_follow_bytes
         self.max_followers = max_followers
-        self.followers = Slots(max_followers, per_user, per_client, "live logs followed")
-        self.readers = Slots(max_readers, per_user, per_client, "log reads")
+        self.followers = Slots(max_followers, per_requester, "live logs followed", to_owner=True)
+        self.readers = Slots(max_readers, per_requester, "log reads")
         self.sleep = sleep
 
     # -- tasks ------------------------------------------------------------------------------
@@ -186,24 +188,24 @@ class RayLogs:
         tail: int | None = None,
         limit_bytes: int | None = None,
         client: str = "",
+        identity: str = "",
     ) -> str:
         """The last ``tail`` lines (default 1000) of one run's output, at most ``limit_bytes``
-        (default 1 MiB) of them, redacted; a first line says when bytes were left out.
+        (default 1 MiB) of them, redacted; a first line says when bytes were left out. ``client``:
+        the requester's address; ``identity``: the user a proxy vouched for ("" when none).
 
         Raises LogNotFound; ArgusError when too many reads run now (503), RayUnavailable.
         """
         sid = self.resolve_run(user, name, doc, run)
         lines = clamp(tail, DEFAULT_TAIL_LINES, MAX_TAIL_LINES)
         limit = clamp(limit_bytes, DEFAULT_LIMIT_BYTES, MAX_LIMIT_BYTES)
-        refused = self.readers.refusal(user, client)
-        if refused is not None:
-            raise ArgusError(refused)
+        slot = self.readers.take(Requester(identity, client), user)
         try:
             found = job_tail(self.dash, sid, lines=lines, limit_bytes=limit)
         except DashboardError as exc:  # no log file (yet): the run has not started, or its node is gone
             return f"[argus: Ray has no log for {sid} now (HTTP {exc.status})]\n"
         finally:
-            self.readers.release(user, client)
+            self.readers.release(slot)
         return found.note(limit) + self._redact_pieces(found.text)
 
     def _redact_pieces(self, text: str) -> str:
@@ -223,29 +225,39 @@ class RayLogs:
         return "".join(out)
 
     def follow_task_log(
-        self, user: str, name: str, doc: Mapping[str, Any], run: str | None, *, client: str = ""
+        self,
+        user: str,
+        name: str,
+        doc: Mapping[str, Any],
+        run: str | None,
+        *,
+        client: str = "",
+        identity: str = "",
     ) -> Iterator[str]:
         """Check the run now (raises LogNotFound), then return an iterator of redacted output
         that follows the run from its last lines until Ray reports it final. It yields ``""`` at
         every poll, a heartbeat on which the server checks that the client is still there.
+        ``client``: the requester's address; ``identity``: the user a proxy vouched for.
 
-        Raises ArgusError when the follower slots (in all, of this user, of this client) are
-        taken (the server answers 503).
+        Raises ArgusError when the follower slots (in all, or this requester's) are taken (the
+        server answers 503); ``user`` herself, vouched for, gets one cut from another user's follower.
         """
         sid = self.resolve_run(user, name, doc, run)
-        refused = self.followers.refusal(user, client)
-        if refused is not None:
-            raise ArgusError(refused)
-        stream = self._held(sid, user, client)
+        slot = self.followers.take(Requester(identity, client), user)
+        stream = self._held(sid, slot)
         next(stream)  # started: from here on, closing or dropping the stream frees the slot
         return stream
 
-    def _held(self, sid: str, user: str, client: str) -> Iterator[str]:
+    def _held(self, sid: str, slot: Slot) -> Iterator[str]:
         try:
             yield ""
-            yield from self._follow(sid)
+            for chunk in self._follow(sid):
+                if slot.cut.is_set():  # its owner follows her own log and every slot was taken
+                    yield f"\n[argus: stopped following {sid}: the slot went to a user following her own log]\n"
+                    return
+                yield chunk
         finally:
-            self.followers.release(user, client)
+            self.followers.release(slot)
 
     def _follow(self, sid: str) -> Iterator[str]:
         # Only whole lines are redacted and sent while the run goes on, so that a secret split

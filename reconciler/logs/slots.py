@@ -1,60 +1,117 @@
-"""Slots for the log reads one page thread each holds: bounded in all, per user and per client."""
+"""Slots for the log reads one page thread each holds: bounded in all and per requester.
+
+A requester is who asks, not whose log it is: the user an authenticating proxy vouched for
+(``argus run --web-user-header``), else the client address. Counting per log owner would let a
+stranger lock a user out of her own logs (two follows of bob's task held, and renewed, by anyone);
+counted per requester, a stranger holds at most her own share, and a user following her own
+objects' log (vouched for) takes the slot of someone following another user's when all are taken.
+"""
 
 from __future__ import annotations
 
 import threading
-from collections import Counter
+import time
 from dataclasses import dataclass, field
+
+from reconciler.errors import ArgusError
+
+
+@dataclass(frozen=True)
+class Requester:
+    """Who asks for a log: ``identity``, the user an authenticating proxy vouched for ("" when
+    none), else ``address``, the client's address ("" when unknown: counted in the total only)."""
+
+    identity: str = ""
+    address: str = ""
+
+    @property
+    def key(self) -> str:
+        """What the slots are counted by: one identity, else one address ("" : nobody in particular)."""
+        if self.identity:
+            return f"user {self.identity}"
+        return f"client {self.address}" if self.address else ""
+
+    def owns(self, user: str) -> bool:
+        """True when the requester is ``user`` herself (vouched for; an address owns nothing)."""
+        return bool(self.identity) and self.identity == user
+
+
+@dataclass(eq=False)
+class Slot:
+    """One slot taken: by ``requester`` (a :attr:`Requester.key`), ``own`` when for her own
+    objects. ``cut`` is set when the slot is to go to an owner: the holder ends and releases it."""
+
+    requester: str
+    own: bool
+    taken: float = field(default_factory=time.monotonic)
+    cut: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
 class Slots:
-    """``total`` reads at once, at most ``per_user`` for one user's objects and ``per_client`` for one
-    client address, so one client (or one user's big log) cannot take them all.
+    """``total`` slots, at most ``per_requester`` held by one requester. With ``to_owner``, a
+    requester vouched for as the owner of the log asked for, finding every slot taken, cuts the slot
+    of one holder reading another user's log (the requester holding the most, then the oldest) and
+    waits up to ``cut_wait_s`` for it to be released: nobody can lock a user out of her own logs,
+    and the total still holds.
 
-    The counters hold only keys with a slot taken: their size is bounded by ``total``.
+    The slots held are all that is kept: at most ``total`` entries.
     """
 
     total: int
-    per_user: int
-    per_client: int
+    per_requester: int
     what: str = "log reads"
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _users: Counter[str] = field(default_factory=Counter, repr=False)
-    _clients: Counter[str] = field(default_factory=Counter, repr=False)
-    _taken: int = 0
+    to_owner: bool = False
+    cut_wait_s: float = 5.0
+    _cond: threading.Condition = field(default_factory=threading.Condition, repr=False)
+    _held: list[Slot] = field(default_factory=list, repr=False)
 
-    def refusal(self, user: str, client: str) -> str | None:
-        """Take a slot for ``user``'s object and ``client``: None when taken, else why not."""
-        with self._lock:
-            if self._taken >= self.total:
-                return f"too many {self.what} now (at most {self.total}); retry shortly"
-            if self._users[user] >= self.per_user:
-                return f"too many {self.what} of {user}'s objects now (at most {self.per_user}); retry shortly"
-            if client and self._clients[client] >= self.per_client:
-                return f"too many {self.what} from {client} now (at most {self.per_client}); retry shortly"
-            self._taken += 1
-            self._users[user] += 1
-            if client:
-                self._clients[client] += 1
+    def take(self, requester: Requester, owner: str) -> Slot:
+        """Take a slot for ``requester`` reading ``owner``'s object's log. Returns it (give it back
+        with :meth:`release`). Raises ArgusError saying why when none can be had now."""
+        key, own = requester.key, requester.owns(owner)
+        deadline = time.monotonic() + self.cut_wait_s
+        with self._cond:
+            if key and sum(1 for s in self._held if s.requester == key) >= self.per_requester:
+                who = requester.identity or requester.address
+                each = f"at most {self.per_requester} each"
+                raise ArgusError(f"too many {self.what} by {who} now ({each}); retry shortly")
+            while len(self._held) >= self.total:
+                victim = self._victim() if own and self.to_owner else None
+                left = deadline - time.monotonic()
+                if victim is None or left <= 0:
+                    raise ArgusError(f"too many {self.what} now (at most {self.total}); retry shortly")
+                victim.cut.set()
+                self._cond.wait(left)
+            slot = Slot(key, own)
+            self._held.append(slot)
+            return slot
+
+    def _victim(self) -> Slot | None:
+        """The slot to cut for an owner (call under the lock): one held for another user's log,
+        one already being cut first, else the requester holding the most, then the oldest."""
+        others = [s for s in self._held if not s.own]
+        if not others:
             return None
+        counts: dict[str, int] = {}
+        for slot in self._held:
+            counts[slot.requester] = counts.get(slot.requester, 0) + 1
+        return min(others, key=lambda s: (not s.cut.is_set(), -counts[s.requester], s.taken))
 
-    def release(self, user: str, client: str) -> None:
-        with self._lock:
-            self._taken -= 1
-            for counter, key in ((self._users, user), (self._clients, client)):
-                if key:
-                    counter[key] -= 1
-                    if counter[key] <= 0:
-                        del counter[key]
+    def release(self, slot: Slot) -> None:
+        """Give ``slot`` back (again: no effect)."""
+        with self._cond:
+            if slot in self._held:
+                self._held.remove(slot)
+                self._cond.notify_all()
 
     @property
     def free(self) -> int:
         """Slots not taken now."""
-        with self._lock:
-            return self.total - self._taken
+        with self._cond:
+            return self.total - len(self._held)
 
     def holders(self) -> int:
-        """How many users and clients hold a slot (bounded by twice ``total``)."""
-        with self._lock:
-            return len(self._users) + len(self._clients)
+        """How many requesters hold a slot (bounded by ``total``)."""
+        with self._cond:
+            return len({s.requester for s in self._held})

@@ -25,6 +25,7 @@ import http
 import json
 import logging
 import queue
+import re
 import select
 import selectors
 import socket
@@ -37,7 +38,7 @@ from typing import Any
 
 from reconciler.server.metrics import CONTENT_TYPE, Metrics
 from reconciler.server.webhook import header_problem, pushed_ref, signature_ok
-from reconciler.web.response import CLIENT_ADDRESS, PageHandler, Response
+from reconciler.web.response import CLIENT_ADDRESS, CLIENT_USER, PageHandler, Response
 
 log = logging.getLogger("argus.http")
 
@@ -47,6 +48,8 @@ DEFAULT_MAX_BODY = 1024 * 1024
 _DRAIN_SECONDS = 1.0
 _DRAIN_BYTES = 1024 * 1024
 _TOKEN_CHARS = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+# A user name as an authenticating proxy passes it (a login or an e-mail address); anything else is no identity.
+_USER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}")
 
 _HEAD, _BODY, _DRAIN = 0, 1, 2
 
@@ -219,11 +222,14 @@ class HttpServer:
         max_connections: int = 512,
         body_budget: int = 16 * 1024 * 1024,
         page_threads: int = 8,
+        user_header: str | None = None,
     ) -> None:
         self.metrics, self.health, self.on_push, self.secret, self.pages = metrics, health, on_push, secret, pages
         self.max_body, self.read_timeout, self.request_timeout = max_body, read_timeout, request_timeout
         self.write_timeout, self.max_connections = write_timeout, max_connections
         self.body_budget = max(body_budget, max_body)
+        # The header an authenticating proxy in front of the pages names its user in (None: none).
+        self.user_header = user_header.strip().lower() if user_header and user_header.strip() else None
         self.reserved = 0
         self.reserved_lock = threading.Lock()
         self.conns: dict[socket.socket, _Conn] = {}
@@ -477,6 +483,7 @@ class HttpServer:
             CLIENT_ADDRESS.set(str(peer[0]) if isinstance(peer, tuple) else "")
         except OSError:
             CLIENT_ADDRESS.set("")
+        CLIENT_USER.set(vouched_user(request.headers, self.user_header))
         try:
             response = self.pages(request.method, request.path, request.query)
         except Exception:
@@ -529,6 +536,16 @@ class HttpServer:
 
 
 _SERVER_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "content-type"})
+
+
+def vouched_user(headers: dict[str, str], header: str | None) -> str:
+    """The user named in ``header`` (lower case) of ``headers``, as an authenticating proxy sets it;
+    "" when no header is configured, or the request has none or one that is not a plain user name
+    (repeated, it was joined with ", ": not one user either)."""
+    if header is None:
+        return ""
+    value = headers.get(header, "").strip()
+    return value if _USER.fullmatch(value) else ""
 
 
 def _peer_gone(sock: socket.socket) -> bool:

@@ -34,7 +34,7 @@ import yaml
 from reconciler.errors import ArgusError
 from reconciler.web import view
 from reconciler.web.reader import StatusReader, StatusSnapshot
-from reconciler.web.response import CLIENT_ADDRESS, PageHandler, Response
+from reconciler.web.response import CLIENT_ADDRESS, CLIENT_USER, PageHandler, Response
 
 # Path components are looked up, never joined into a file path; this only keeps junk out.
 _COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -71,10 +71,18 @@ class Logs(Protocol):
         tail: int | None = None,
         limit_bytes: int | None = None,
         client: str = "",
+        identity: str = "",
     ) -> str: ...
 
     def follow_task_log(
-        self, user: str, name: str, doc: Mapping[str, Any], run: str | None, *, client: str = ""
+        self,
+        user: str,
+        name: str,
+        doc: Mapping[str, Any],
+        run: str | None,
+        *,
+        client: str = "",
+        identity: str = "",
     ) -> Iterator[str]: ...
 
     def model_log(self, user: str, name: str, doc: Mapping[str, Any]) -> str: ...
@@ -304,7 +312,7 @@ def build_handler(
             return Response(503, JSON, b'{"error": "logs are not available: the daemon has no Ray client"}')
         run = (query.get("run") or [""])[0] or None
         follow = (query.get("follow") or [""])[0] in ("1", "true", "yes")
-        client = CLIENT_ADDRESS.get()
+        client, identity = CLIENT_ADDRESS.get(), CLIENT_USER.get()
         try:
             tail, limit_bytes = _count(query, "tail"), _count(query, "limit_bytes")
         except ValueError as exc:
@@ -314,9 +322,11 @@ def build_handler(
                 return Response(200, TEXT, logs.model_log(user, name, doc).encode(), SECURITY_HEADERS)
             if follow:
                 # Ownership is checked when the iterator is made, before any status line is sent.
-                chunks = logs.follow_task_log(user, name, doc, run, client=client)
+                chunks = logs.follow_task_log(user, name, doc, run, client=client, identity=identity)
                 return Response(200, TEXT, _encoded(chunks), {**SECURITY_HEADERS, "X-Accel-Buffering": "no"})
-            text = logs.task_log(user, name, doc, run, tail=tail, limit_bytes=limit_bytes, client=client)
+            text = logs.task_log(
+                user, name, doc, run, tail=tail, limit_bytes=limit_bytes, client=client, identity=identity
+            )
             return Response(200, TEXT, text.encode(), SECURITY_HEADERS)
         except LookupError as exc:
             return not_found(str(exc.args[0] if exc.args else exc), api=True)

@@ -26,3 +26,6 @@ PageHandler = Callable[[str, str, Mapping[str, list[str]]], "Response | None"]
 # server around each call, so that the handler's signature stays ``(method, path, query)``; the log
 # reader uses it to bound what one client address can hold.
 CLIENT_ADDRESS: contextvars.ContextVar[str] = contextvars.ContextVar("argus_client_address", default="")
+# The user an authenticating proxy in front of the pages vouched for (``argus run --web-user-header``),
+# "" when none is configured or the request carries none: log slots are then counted per user.
+CLIENT_USER: contextvars.ContextVar[str] = contextvars.ContextVar("argus_client_user", default="")

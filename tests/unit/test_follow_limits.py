@@ -1,29 +1,37 @@
-"""Followers of live logs can never starve the pages: at most ``max_followers`` streams at once,
-at most ``per_client`` from one client address and ``per_user`` of one user's runs (the next one
-gets 503), a quiet stream still notices a client that left (heartbeats), and the slot of a gone
-client is freed. Real sockets against the real server; Ray is a stand-in whose stream stays quiet."""
+"""Followers of live logs can never starve the pages: at most ``max_followers`` streams at once, at
+most ``per_requester`` for one requester (the user an authenticating proxy vouched for, else the client
+address; the next one gets 503), a quiet stream still notices a client that left (heartbeats), and the
+slot of a gone client is freed. Nobody can lock a user out of her own logs: slots are not counted per
+log owner, and a user vouched for following her own task takes a slot from a follower of someone
+else's. Real sockets against the real server and page handler (the status branch in real git); Ray is
+a stand-in whose stream stays quiet."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from reconciler.dashboard import RayStream
 from reconciler.logs.ray import RayLogs
-from reconciler.logs.slots import Slots
+from reconciler.logs.slots import Requester, Slots
 from reconciler.server.core import HttpServer
 from reconciler.server.metrics import Metrics
-from reconciler.web.response import CLIENT_ADDRESS, Response
+from reconciler.testing.status_branch import commit_files, dump, task_doc
+from reconciler.web.handler import build_handler
+from reconciler.web.reader import StatusReader
 from tests.unit.fake_ray import FakeRay
 
-SID = "argus--bob--t--12345678"
-DOC = {"submission_id": SID, "runs": [{"submission_id": SID}]}
+DOC = task_doc("bob", "t", "RUNNING")
+SID = DOC["submission_id"]
+FOLLOW = "/api/v1/logs/bob/tasks/t?follow=1"
 
 
 class Quiet:
@@ -51,7 +59,9 @@ class QuietRay(FakeRay):
         return Quiet()  # type: ignore[return-value]
 
 
-def _server(per_client: int, per_user: int = 10) -> tuple[HttpServer, RayLogs]:
+def _server(
+    tmp_path: Path, per_requester: int = 100, user_header: str | None = None, max_followers: int = 4
+) -> tuple[HttpServer, RayLogs]:
     ray = QuietRay()
     ray.jobs[SID] = {
         "submission_id": SID,
@@ -59,26 +69,25 @@ def _server(per_client: int, per_user: int = 10) -> tuple[HttpServer, RayLogs]:
         "driver_node_id": "n1",
         "metadata": {"managed-by": "argus", "argus-user": "bob", "argus-task": "t"},
     }
-    logs = RayLogs(ray, lambda s: s, poll_s=0.05, per_client=per_client, per_user=per_user)
-
-    def pages(method: str, path: str, query: dict[str, list[str]]) -> Response:
-        if path == "/follow":
-            try:
-                chunks = logs.follow_task_log("bob", "t", DOC, None, client=CLIENT_ADDRESS.get())
-            except Exception as exc:  # the web handler's 503 for an ArgusError
-                return Response(503, "text/plain", str(exc).encode())
-            return Response(200, "text/plain", (c.encode() for c in chunks))
-        return Response(200, "text/plain", b"overview")
-
+    repo = str(tmp_path / "config.git")
+    subprocess.run(["git", "init", "-q", "--bare", repo], check=True)
+    commit_files(repo, {"users/bob/tasks/t.yaml": dump(DOC)})
+    logs = RayLogs(ray, lambda s: s, poll_s=0.05, per_requester=per_requester, max_followers=max_followers)
     srv = HttpServer(
-        "0.0.0.0:0", metrics=Metrics(), health=lambda: {"ok": True}, on_push=None, secret=None, pages=pages
+        "0.0.0.0:0",
+        metrics=Metrics(),
+        health=lambda: {"ok": True},
+        on_push=None,
+        secret=None,
+        pages=build_handler(StatusReader(repo), logs=logs),
+        user_header=user_header,
     )
     return srv, logs
 
 
 @pytest.fixture
-def served() -> Iterator[tuple[int, RayLogs]]:
-    srv, logs = _server(per_client=100)
+def served(tmp_path: Path) -> Iterator[tuple[int, RayLogs]]:
+    srv, logs = _server(tmp_path)
     try:
         yield srv.server_address[1], logs
     finally:
@@ -96,7 +105,7 @@ def _status(port: int, path: str) -> int:
 def _abandon(port: int, n: int) -> None:
     for _ in range(n):  # send the request, close at once
         s = socket.create_connection(("127.0.0.1", port))
-        s.sendall(b"GET /follow HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.sendall(f"GET {FOLLOW} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
         s.close()
 
 
@@ -120,33 +129,45 @@ def test_live_followers_beyond_the_bound_get_503(served: tuple[int, RayLogs]) ->
     for _ in range(logs.max_followers):
         held.append(_follow(port))
     try:
-        assert _status(port, "/follow") == 503
+        assert _status(port, FOLLOW) == 503
         assert _status(port, "/") == 200
     finally:
         for s in held:
             s.close()
 
 
-def _follow(port: int, source: str = "127.0.0.1") -> socket.socket:
+def _request(user: str | None) -> bytes:
+    head = f"GET {FOLLOW} HTTP/1.1\r\nHost: x\r\n" + (f"X-Forwarded-User: {user}\r\n" if user else "") + "\r\n"
+    return head.encode()
+
+
+def _follow(port: int, source: str = "127.0.0.1", user: str | None = None) -> socket.socket:
     s = socket.create_connection(("127.0.0.1", port), source_address=(source, 0))
-    s.sendall(b"GET /follow HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.sendall(_request(user))
     assert s.recv(64).startswith(b"HTTP/1.1 200")
     return s
 
 
-def _answer(port: int, source: str) -> bytes:
+def _answer(port: int, source: str, user: str | None = None) -> bytes:
     with socket.create_connection(("127.0.0.1", port), source_address=(source, 0), timeout=3) as s:
-        s.sendall(b"GET /follow HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.sendall(_request(user))
         return s.recv(4096)
 
 
-def test_one_client_address_cannot_hold_every_follower_slot() -> None:
-    srv, _logs = _server(per_client=2)
+def _until(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert check(), "timed out"
+
+
+def test_one_client_address_cannot_hold_every_follower_slot(tmp_path: Path) -> None:
+    srv, _logs = _server(tmp_path, per_requester=2)
     port = srv.server_address[1]
     held = [_follow(port), _follow(port)]
     try:
         refused = _answer(port, "127.0.0.1")
-        assert refused.startswith(b"HTTP/1.1 503") and b"from 127.0.0.1" in refused
+        assert refused.startswith(b"HTTP/1.1 503") and b"by 127.0.0.1" in refused
         # Another address is still served while the first one holds its share.
         held.append(_follow(port, "127.0.0.2"))
         assert _status(port, "/") == 200
@@ -156,14 +177,70 @@ def test_one_client_address_cannot_hold_every_follower_slot() -> None:
         srv.shutdown()
 
 
-def test_one_users_runs_cannot_hold_every_follower_slot() -> None:
-    srv, logs = _server(per_client=100, per_user=2)
+def test_a_stranger_following_bobs_task_does_not_lock_bob_out(tmp_path: Path) -> None:
+    """Counted per log owner, two follows of bob's task (anyone's, renewed) held bob's slots."""
+    srv, logs = _server(tmp_path, per_requester=2)
     port = srv.server_address[1]
-    held = [_follow(port, "127.0.0.3"), _follow(port, "127.0.0.4")]
+    stranger = [_follow(port, "127.0.0.3"), _follow(port, "127.0.0.3")]  # as many as one requester may
+    held = []
     try:
-        refused = _answer(port, "127.0.0.5")
-        assert refused.startswith(b"HTTP/1.1 503") and b"of bob's objects" in refused
-        assert logs.followers.free == logs.max_followers - 2  # two slots stay for other users
+        held.append(_follow(port, "127.0.0.4"))  # bob, from his own address
+        held.append(_follow(port, "127.0.0.5"))  # and anyone else
+        assert logs.followers.free == 0
+        refused = _answer(port, "127.0.0.6")  # the global cap holds
+        assert refused.startswith(b"HTTP/1.1 503") and b"at most 4" in refused
+        assert _status(port, "/") == 200
+    finally:
+        for s in stranger + held:
+            s.close()
+    _until(lambda: logs.followers.free == logs.max_followers)  # released on disconnect
+    assert logs.followers.holders() == 0
+    srv.shutdown()
+
+
+def test_bob_vouched_for_takes_a_slot_from_followers_of_others_behind_one_address(tmp_path: Path) -> None:
+    """Behind compose's host port every client has one address: with the proxy's user header the
+    slots are counted per user, and bob following his own task when all are taken cuts a stranger's
+    follower (the one holding the most), never exceeding the total."""
+    srv, logs = _server(tmp_path, per_requester=2, user_header="X-Forwarded-User")
+    port = srv.server_address[1]
+    mallory = [_follow(port, user="mallory"), _follow(port, user="mallory")]
+    eve = [_follow(port, user="eve")]
+    held = []
+    try:
+        third = _answer(port, "127.0.0.1", "mallory")
+        assert third.startswith(b"HTTP/1.1 503") and b"by mallory" in third  # per user, not per address
+        held.append(_follow(port, user="carol"))
+        assert logs.followers.free == 0
+        full = _answer(port, "127.0.0.1", "dave")  # following another user's task: no slot to take
+        assert full.startswith(b"HTTP/1.1 503") and b"at most 4" in full
+        held.append(_follow(port, user="bob"))  # his own task: a stranger's slot goes to him
+        assert logs.followers.free == 0  # the total still holds
+        cut = b""
+        for s in mallory:  # mallory held the most: one of hers ends, saying why
+            s.settimeout(3)
+            try:
+                while b"[argus: stopped following" not in cut:
+                    data = s.recv(4096)
+                    if not data:
+                        break
+                    cut += data
+            except TimeoutError:
+                continue
+        assert b"the slot went to a user following her own log" in cut
+    finally:
+        for s in mallory + eve + held:
+            s.close()
+        _until(lambda: logs.followers.free == logs.max_followers)
+        srv.shutdown()
+
+
+def test_without_a_configured_header_a_claimed_user_counts_for_nothing(tmp_path: Path) -> None:
+    srv, _logs = _server(tmp_path, per_requester=2)
+    port = srv.server_address[1]
+    held = [_follow(port, user="bob"), _follow(port, user="bob")]
+    try:  # the header is ignored: one address, whatever user it claims
+        assert b"by 127.0.0.1" in _answer(port, "127.0.0.1", "bob")
     finally:
         for s in held:
             s.close()
@@ -171,13 +248,22 @@ def test_one_users_runs_cannot_hold_every_follower_slot() -> None:
 
 
 def test_slots_forget_who_held_them() -> None:
-    slots = Slots(total=3, per_user=2, per_client=1)
-    assert slots.refusal("ann", "10.0.0.1") is None
-    assert "from 10.0.0.1" in (slots.refusal("bob", "10.0.0.1") or "")
-    assert slots.refusal("ann", "10.0.0.2") is None
-    assert "of ann's objects" in (slots.refusal("ann", "10.0.0.3") or "")
-    assert slots.refusal("bob", "10.0.0.3") is None
-    assert "at most 3" in (slots.refusal("carol", "10.0.0.4") or "")
-    for user, client in (("ann", "10.0.0.1"), ("ann", "10.0.0.2"), ("bob", "10.0.0.3")):
-        slots.release(user, client)
+    slots = Slots(total=3, per_requester=1, to_owner=True, cut_wait_s=0.2)
+    a, b = slots.take(Requester("", "10.0.0.1"), "ann"), slots.take(Requester("", "10.0.0.2"), "ann")
+    with pytest.raises(Exception, match=r"by 10\.0\.0\.1"):
+        slots.take(Requester("", "10.0.0.1"), "bob")
+    c = slots.take(Requester("bob", "10.0.0.1"), "ann")  # a user vouched for is another requester
+    with pytest.raises(Exception, match="at most 3"):
+        slots.take(Requester("", "10.0.0.3"), "ann")
+    # ann herself, vouched for: a slot is cut for her; nobody releases it in time here, so she waits, then is refused
+    with pytest.raises(Exception, match="at most 3"):
+        slots.take(Requester("ann", "10.0.0.4"), "ann")
+    assert sum(s.cut.is_set() for s in (a, b, c)) == 1
+    cut = next(s for s in (a, b, c) if s.cut.is_set())
+    threading.Timer(0.05, slots.release, (cut,)).start()
+    own = slots.take(Requester("ann", "10.0.0.4"), "ann")
+    assert slots.free == 0 and own.own
+    for slot in (a, b, c, own):
+        slots.release(slot)
+    slots.release(own)  # again: no effect
     assert slots.free == 3 and slots.holders() == 0
