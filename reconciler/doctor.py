@@ -33,6 +33,7 @@ from reconciler.observe.serve import SERVE_APPS_PATH
 from reconciler.source.remote import is_local
 from reconciler.spec.loader import cluster_from
 from reconciler.spec.types import ClusterSpec
+from reconciler.status import blocking
 
 # What one HTTP answer may hold (the nodes list of a large cluster is the biggest).
 MAX_BODY = 8 * 1024 * 1024
@@ -234,6 +235,16 @@ def check_status_branch(settings: Settings) -> str:
             )
         return f"{settings.status_branch} present on {repo} (the daemon pushes it)"
     out = _git(settings, "-C", repo, "for-each-ref", "--format=%(committerdate:unix)", ref).strip()
+    names = _git(
+        settings, "-C", repo, "for-each-ref", "--format=%(refname)", *blocking.patterns(settings.status_branch)
+    )
+    blockers = blocking.blocking(names.split(), settings.status_branch)
+    if blockers:  # the daemon can never create the branch: it submits nothing until they are gone
+        raise CheckFailed(
+            f"{repo} holds {blocking.describe(settings.status_branch, blockers)}: git cannot create "
+            f"{settings.status_branch} beside it",
+            f"delete or rename it: git -C {repo} update-ref -d {blockers[0]}",
+        )
     if not out:
         raise CheckFailed(
             f"{repo} has no {settings.status_branch}",

@@ -13,6 +13,7 @@ import pytest
 from reconciler import cli, doctor
 from reconciler.doctor import CheckFailed, Result, Settings, run_checks
 from reconciler.spec.types import ClusterSpec, Paths
+from tests.support import git, status_test_repo
 
 
 def test_a_wedged_dashboard_fails_within_the_timeout() -> None:
@@ -154,3 +155,17 @@ def test_the_cli_exits_1_when_a_check_fails(
 
 def _fails(settings: Settings) -> str:
     raise CheckFailed("broken", "do this")
+
+
+def test_the_status_branch_check_names_a_branch_that_blocks_it(tmp_path: Path) -> None:
+    """`argus` created in the repository past the hook: the daemon can never create argus/status."""
+    bare, commit = status_test_repo(tmp_path)
+    git(bare, "update-ref", "refs/heads/argus", commit)
+    settings = Settings(repo=str(bare), timeout=10)
+    with pytest.raises(CheckFailed) as failed:
+        doctor.check_status_branch(settings)
+    assert "holds the branch argus (named like a folder above it): git cannot create argus/status" in str(failed.value)
+    assert "update-ref -d refs/heads/argus" in (failed.value.fix or "")
+    git(bare, "update-ref", "-d", "refs/heads/argus")
+    git(bare, "update-ref", "refs/heads/argus/status", commit)
+    assert "writable" in doctor.check_status_branch(settings)
