@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from reconciler import __version__
 from reconciler.dashboard import Dashboard
-from reconciler.errors import ArgusError, Issue, MissingExtra
+from reconciler.errors import ArgusError, ConfigError, Issue, MissingExtra
 from reconciler.plan import render
 from reconciler.plan.actions import ActionType
 from reconciler.plan.actual import ActualState, NodeCapacity
@@ -377,6 +377,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         handler.setFormatter(formatter)
     logging.getLogger("watchfiles").setLevel(logging.WARNING)  # it logs every batch of changes
     _signing(args)
+    _status_branch_name(args.status_branch)
     source = open_source(args.repo, args.cache_dir)
     parts = _parts(args, source)
     redactor = Redactor([*parts.secrets_env.values(), os.environ.get("ARGUS_WEBHOOK_SECRET")])
@@ -934,6 +935,15 @@ def _source_args(p: argparse.ArgumentParser) -> None:
         help="a commit whose tree is trusted as it is; signatures are required after it "
         "(default: every commit) [ARGUS_SIGNED_SINCE]",
     )
+
+
+def _status_branch_name(branch: str) -> None:
+    """Raises ConfigError when ``branch`` is not a name git can give a branch: the daemon could
+    never write its status (nor record a run) under it."""
+    from reconciler import git
+
+    if git.probe(None, "check-ref-format", f"refs/heads/{branch}").returncode != 0:
+        raise ConfigError(f"the status branch {branch!r} is not a valid branch name (git check-ref-format)")
 
 
 def _signing(args: argparse.Namespace) -> SigningPolicy:

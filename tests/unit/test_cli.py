@@ -344,3 +344,12 @@ def test_the_readme_actual_state_example_admits_a_task(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     actions = {a["object"]: a for a in json.loads(proc.stdout)["actions"]}
     assert actions["bob/tasks/train"]["action"] == "submit_task", actions
+
+
+def test_run_refuses_a_status_branch_name_git_cannot_store(tmp_path: Path) -> None:
+    """The daemon could never write its status (nor record a run, so submit one) under it: refused at start-up."""
+    bare = tmp_path / "config.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(bare)], check=True)
+    proc = argus("run", "--repo", bare, "--status-branch", "argus..status", "--listen", "127.0.0.1:0")
+    assert proc.returncode == 1
+    assert "the status branch 'argus..status' is not a valid branch name" in proc.stderr
