@@ -90,9 +90,16 @@ def test_a_blocked_status_branch_is_reported_and_preempts_nothing(
     (alice,) = jobs(dash, "alice")
     wait_for(lambda: healthz(daemon)[0] == 200, "the daemon healthy", timeout=60)
 
-    # The status branch is renamed away and `argus` created in its place, past the hook.
-    git(repo.bare, "update-ref", "-d", "refs/heads/argus/status")
-    git(repo.bare, "update-ref", "refs/heads/argus", git(repo.bare, "rev-parse", "main").strip())
+    # The status branch is renamed away and `argus` created in its place, past the hook (the running
+    # daemon may write the status branch again in between: tried until `argus` wins).
+    main = git(repo.bare, "rev-parse", "main").strip()
+
+    def swapped() -> bool:
+        git(repo.bare, "update-ref", "-d", "refs/heads/argus/status", check=False)
+        git(repo.bare, "update-ref", "refs/heads/argus", main, check=False)
+        return bool(git(repo.bare, "rev-parse", "-q", "--verify", "refs/heads/argus", check=False))
+
+    wait_for(swapped, "a branch argus in the status branch's place", timeout=30, every=0.1)
     repo.write(BOB, {"kind": "Task", "workload": "command", "command": "sleep 600", "gpus_per_node": 1})
     repo.commit_push("bob's in-quota task would reclaim product's GPU")
 
