@@ -694,6 +694,8 @@ def _task(
     issues: list[Issue] = list(schema_issues)
     workload: Workload | None = data.get("workload")
     raw = {**TASK_DEFAULTS, **({} if workload == "command" else TRAINER_DEFAULTS), **data}
+    if raw.get("user_site") is False:  # the default: hashed like a file without it (a new key re-runs nothing)
+        del raw["user_site"]
 
     def checked(field_path: tuple[str, ...], value: str | None, *, hf: bool = False) -> str | None:
         if value is None:
@@ -768,6 +770,7 @@ def _task(
         raw={k: v for k, v in raw.items() if k not in ("suspend", "may_wait", "priority")},
         may_wait=bool(data.get("may_wait", False)),
         priority=data.get("priority"),
+        user_site=bool(data.get("user_site", False)),
     )
     # A malformed size or epoch count stands at its default here: verl's compose does not judge them.
     if task_check is not None and workload is not None and workload != "command":

@@ -271,6 +271,8 @@ class TaskSpec:
     raw: Mapping[str, object] = field(default_factory=dict, compare=False)  # normalised spec, for the hash
     priority: str | None = None  # priority class; None: the cluster's default for tasks
     may_wait: bool = False  # the author accepts UNSCHEDULABLE (the PR check warns, not fails); not hashed
+    # Python's user site-packages in the user's folder is loaded (builders.jobs.isolation_env); hashed when true.
+    user_site: bool = False
 
     @property
     def gpus(self) -> int:
