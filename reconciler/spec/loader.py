@@ -35,6 +35,7 @@ from reconciler.spec.types import (
     RouterSettings,
     Security,
     Serving,
+    Storage,
     TaskSpec,
     Team,
     Training,
@@ -477,6 +478,11 @@ def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
         for name, t in (data.get("teams") or {}).items()
     }
     defaults = data.get("default_priority") or {}
+    storage_data = data.get("storage") or {}
+    storage = Storage(
+        user_quota_gb=storage_data.get("user_quota_gb"),
+        users={u: (None if v is None else float(v)) for u, v in (storage_data.get("users") or {}).items()},
+    )
     return ClusterSpec(
         teams=teams,
         priority_classes={k: int(v) for k, v in (data.get("priority_classes") or {}).items()},
@@ -490,6 +496,7 @@ def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
         prune=prune,
         security=security,
         admission=admission,
+        storage=storage,
     )
 
 
