@@ -42,7 +42,7 @@ EPILOG = """\
 exit codes:
   validate  0 valid, 1 errors (an object that can never run counts, unless it says may_wait: true)
   plan      0 no changes, 2 changes pending or deletions held, 1 errors
-  render    0 rendered, 1 the object has errors or does not exist
+  render    0 rendered, 1 the object or cluster.yaml has errors, or the object does not exist
   doctor    0 every check passed, 1 any check failed
 
 examples:
@@ -264,7 +264,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     except InvalidSpec as exc:
         for issue in exc.issues:
             print(issue, file=sys.stderr)
-        print(f"{key.path}: {len(exc.issues)} error(s); nothing to render", file=sys.stderr)
+        where = key.path if state.cluster_valid else "cluster.yaml"
+        print(f"{where}: {len(exc.issues)} error(s); nothing to render", file=sys.stderr)
         return 1
     sys.stdout.write(spec_render.to_text(doc, args.format))
     return 0

@@ -161,8 +161,9 @@ class Daemon:
         return out
 
     def close(self) -> None:
-        """At shutdown: write the pending status and give the lease up."""
+        """At shutdown: write the pending status, stop measuring folders and give the lease up."""
         self.reporter.stop()
+        self.parts.observer.close()
         if self.lease is not None:
             try:
                 self.lease.release()

@@ -2,7 +2,8 @@
 ``helm template``. Reads the config repository (no cluster, no Ray).
 
 A task shows its verl argv (every override argus adds, then the user's) or its command, the
-environment the job gets (secrets named, never valued), its resources and run folder; a model shows
+environment the job gets (``HOME`` and what keeps the job from loading code from it included; secrets
+named, never valued), its resources and run folder; a model shows
 the resolved source, the engine arguments vLLM gets, the resources per replica and the Serve
 application entry argus deploys. Built by :func:`reconciler.builders.resolved.resolved_spec` and
 :func:`reconciler.builders.serve.model_app_config`, the same code the daemon submits with.
@@ -39,9 +40,13 @@ def parse_target(text: str) -> ObjectKey:
 
 def rendered(state: DesiredState, key: ObjectKey) -> dict[str, Any]:
     """The resolved spec of ``key`` in ``state``. Raises :class:`reconciler.errors.InvalidSpec`
-    when its file has errors, ArgusError when there is no such object."""
+    when cluster.yaml has errors (its issues: nothing would run from this state) or when the object's
+    file has errors (that file's issues), ArgusError when there is no such object."""
     from reconciler.errors import InvalidSpec
 
+    if not state.cluster_valid:
+        # The daemon applies nothing while cluster.yaml is invalid; what would run is not known either.
+        raise InvalidSpec([i for i in state.issues if i.path == "cluster.yaml"])
     if key in state.invalid:
         raise InvalidSpec(state.invalid[key])
     spec = state.models.get(key) if key.kind == "model" else state.tasks.get(key)

@@ -41,6 +41,7 @@ from reconciler.observe.serve import ServeObservation
 from reconciler.plan.actions import Plan
 from reconciler.plan.actual import FINAL_JOB_STATES, PREEMPTED, ActualState
 from reconciler.plan.assess import ObjectStatus, assess
+from reconciler.plan.disk import explain, held_tasks, hold, measured_users, over_quota
 from reconciler.plan.incremental import IncrementalPlanner
 from reconciler.plan.memory import AdmissionOrder, Memory
 from reconciler.plan.outcome import Outcome, with_outcomes
@@ -133,7 +134,8 @@ class Parts:
     def observe(self, revision: Revision) -> Observation:
         """Observe Ray and the status branch for ``revision``'s cluster. Raises RayUnavailable."""
         cluster = revision.desired.cluster
-        return self.observer.observe(self.status_docs(), cluster.paths, cluster.serving.http_port)
+        users = measured_users(revision.desired)
+        return self.observer.observe(self.status_docs(), cluster.paths, cluster.serving.http_port, users)
 
     def run(
         self, memory: Memory | None = None, commit: str | None = None, *, fetch: bool = True
@@ -148,13 +150,15 @@ class Parts:
 class Planned:
     """What a tick decides before it applies anything: the ``plan``, the ``desired`` state it
     planned (with objects the planner raised for made invalid), the ``actual`` state it planned
-    against, and the admission ``order`` and ``memory`` that follow from it."""
+    against, and the admission ``order`` and ``memory`` that follow from it; ``held``: the tasks not
+    submitted because their user's folder is over its disk quota, with why (reconciler.plan.disk)."""
 
     plan: Plan
     desired: DesiredState
     actual: ActualState
     order: AdmissionOrder
     memory: Memory
+    held: Mapping[ObjectKey, str] = field(default_factory=dict)
 
 
 def decide(
@@ -183,10 +187,12 @@ def decide(
     first_seen = order.first_seen
 
     def recheck(d: DesiredState) -> frozenset[ObjectKey] | None:
-        return feed if d is loaded else None  # a contained state is another one: every object
+        return feed if d is loaded else None  # a contained or held state is another one: every object
 
+    # A user over her disk quota gets no new run: those of her tasks are planned as kept as they run.
+    held = held_tasks(loaded, actual, over_quota(loaded.cluster, observation.disk))
     plan, desired = _plan_contained(
-        loaded,
+        hold(loaded, held) if held else loaded,
         lambda d: make_plan(d, actual, first_seen=first_seen, now=now, recheck=recheck(d)),
         None
         if planner is None
@@ -196,7 +202,7 @@ def decide(
         order = order.after(plan.first_seen, revision.spec_ids, feed, serial=loaded.serial, commit=revision.commit)
     else:
         order = order.after(plan.first_seen, revision.spec_ids)
-    return Planned(plan, desired, actual, order, memory)
+    return Planned(plan, desired, actual, order, memory, held)
 
 
 def tick(
@@ -217,7 +223,7 @@ def tick(
         desired.tasks.keys() | desired.invalid.keys(), desired.models.keys()
     )
     assessed = _assess_contained(desired, actual, plan, applied, parts.planner)
-    statuses = with_outcomes(assessed, applied.outcomes, desired.invalid)
+    statuses = explain(with_outcomes(assessed, applied.outcomes, desired.invalid), planned.held)
     result = TickResult(
         revision=revision.commit,
         desired=desired,

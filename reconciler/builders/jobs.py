@@ -47,6 +47,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
+from reconciler.builders.isolation import isolation_env
 from reconciler.errors import PermanentError
 from reconciler.plan.demand import task_resources
 from reconciler.spec.hashing import submission_id, task_spec_fields, task_spec_hash
@@ -363,9 +364,10 @@ def job_env(
     resume_folder: str | None = None,
     resume_step: int | None = None,
 ) -> dict[str, str]:
-    """Return the job's env: cluster env < task env < HOME (the user's folder) and run folders < secrets
-    that are set (later wins). ``resume_folder``: the preempted attempt's run folder this attempt resumes from;
-    ``resume_step``: the newest checkpoint step found there (None: not looked up)."""
+    """Return the job's env: :func:`isolation_env` < cluster env < verl's logger folders < task env < HOME (the
+    user's folder) and run folders < secrets that are set (later wins). ``resume_folder``: the preempted
+    attempt's run folder this attempt resumes from; ``resume_step``: the newest checkpoint step found there
+    (None: not looked up)."""
     resume = {ENV_RESUME: "1", ENV_RESUME_DIR: resume_folder} if resume_folder else {}
     if resume_folder and resume_step is not None:
         resume[ENV_RESUME_STEP] = str(resume_step)
@@ -374,6 +376,7 @@ def job_env(
     # task's own env may still point them elsewhere.
     loggers = {} if task.workload == "command" else logger_dirs(run_folder)
     return {
+        **isolation_env(task),
         **{k: str(v) for k, v in cluster.env.items()},
         **loggers,
         **{k: str(v) for k, v in task.env.items()},

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconciler.builders.jobs import ENV_CHECKPOINT_DIR, ENV_RUN_DIR, checkpoint_dir, run_dir, verl_argv
+from reconciler.builders.jobs import job_env, run_dir, verl_argv
 from reconciler.builders.serve import llm_config
 from reconciler.errors import ArgusError
 from reconciler.plan.demand import model_resources_per_replica, task_resources
@@ -71,10 +71,8 @@ def _task(task: TaskSpec, cluster: ClusterSpec, secret_names: tuple[str, ...]) -
         except ArgusError as exc:
             out["argv"] = f"(not built yet: {exc})"
     out["resources"] = task_resources(task, cluster)
-    env: dict[str, str] = {k: str(v) for k, v in cluster.env.items()}
-    env.update({k: str(v) for k, v in task.env.items()})
-    env[ENV_RUN_DIR] = folder
-    env[ENV_CHECKPOINT_DIR] = checkpoint_dir(folder)
+    # What the job's env holds (HOME included), less the secrets' values: their names say where they come from.
+    env = job_env(task, cluster, run_folder=folder, secrets_env={})
     env.update(dict.fromkeys(secret_names, FROM_DAEMON))
     out["env"] = env
     return out

@@ -3,7 +3,8 @@
 :class:`Observer` owns what observing remembers between ticks, each bounded by what exists now:
 the model prober (its verdicts, one per model Serve runs), checkpoint answers (one per run Ray or
 the status branch lists), the foreign jobs already logged (those Ray still holds), the status
-documents' readings (one per document) and the last capacity answer (one).
+documents' readings (one per document), the last capacity answer (one) and the disk meter's last
+measurement of each user folder it is asked to measure (:mod:`reconciler.observe.disk`).
 """
 
 from __future__ import annotations
@@ -12,17 +13,19 @@ import json
 import logging
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from reconciler.dashboard import Dashboard
 from reconciler.observe.capacity import observe_capacity
+from reconciler.observe.disk import DiskMeter
 from reconciler.observe.jobs import ForeignJob, observe_job_records
 from reconciler.observe.probe import ModelProber
 from reconciler.observe.records import StatusRecords
 from reconciler.observe.serve import ServeObservation, observe_serve
 from reconciler.plan.actual import ActualJob, ActualModel, Capacity
+from reconciler.plan.disk import DiskUsage
 from reconciler.spec.types import ObjectKey, Paths
 
 log = logging.getLogger("argus")
@@ -32,7 +35,8 @@ log = logging.getLogger("argus")
 class Observation:
     """What one tick found: Serve (``serve``; ``models`` with the probe's verdicts), argus's proven
     jobs (``jobs``) and the foreign ones, capacity, and what the status branch records: its runs,
-    the attempts it calls preempted and by whom, and its documents (``docs``: path -> document)."""
+    the attempts it calls preempted and by whom, and its documents (``docs``: path -> document); the
+    last complete measurement of each user folder a disk quota applies to (``disk``: user -> usage)."""
 
     serve: ServeObservation
     models: dict[ObjectKey, ActualModel]
@@ -43,6 +47,7 @@ class Observation:
     recorded_by: dict[ObjectKey, ObjectKey]
     foreign: list[ForeignJob] = field(default_factory=list)
     docs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    disk: Mapping[str, DiskUsage] = field(default_factory=dict)
 
 
 class Observer:
@@ -67,6 +72,7 @@ class Observer:
         self._foreign_logged: set[str] = set()
         self._records = StatusRecords()
         self._capacity: tuple[float, Capacity] | None = None
+        self._disk: DiskMeter | None = None  # started when a disk quota first applies
 
     def forget_capacity(self) -> None:
         """Observe capacity afresh on the next call (the loop's timer ticks do)."""
@@ -77,11 +83,14 @@ class Observer:
         docs: Mapping[str, Mapping[str, Any]],
         paths: Paths | None = None,
         http_port: int | None = None,
+        disk_users: Collection[str] = (),
     ) -> Observation:
         """Observe Serve, Jobs (argus's proven ones) and capacity, and read the runs ``docs`` (the
         status branch's documents) record. ``paths``: the cluster's paths, to find checkpoints
         (None: not looked up); ``http_port``: Serve's port, where models Serve calls RUNNING are
-        asked for an answer (None: not asked). Raises RayUnavailable (apply nothing then)."""
+        asked for an answer (None: not asked); ``disk_users``: the users whose folders under
+        ``paths.users`` the disk meter measures from now on (their last measurements are returned;
+        measuring happens off the tick). Raises RayUnavailable (apply nothing then)."""
         serve = observe_serve(self.dash)
         prober = self._model_prober(http_port) if http_port is not None else None
         models = prober.check(serve.models, serve.apps, serve.replica_ids) if prober else dict(serve.models)
@@ -97,7 +106,22 @@ class Observer:
         records, preempted, by = self._records.read(docs, paths, skip=known, checkpoints=self._checkpoints)
         runs = known | {j.submission_id for j in records}
         self._checkpoints = {s: c for s, c in self._checkpoints.items() if s in runs}
-        return Observation(serve, models, jobs.owned, capacity, records, preempted, by, jobs.foreign, docs)
+        disk = self._disk_usage(paths, disk_users)
+        return Observation(serve, models, jobs.owned, capacity, records, preempted, by, jobs.foreign, docs, disk)
+
+    def _disk_usage(self, paths: Paths | None, users: Collection[str]) -> dict[str, DiskUsage]:
+        """Ask the meter for ``users``' folders (none: it stops measuring); their last measurements."""
+        if self._disk is None:
+            if not users or paths is None:
+                return {}
+            self._disk = DiskMeter()
+        self._disk.want(paths.users if paths is not None else None, users)
+        return self._disk.usage()
+
+    def close(self) -> None:
+        """Stop measuring folders (the daemon's shutdown)."""
+        if self._disk is not None:
+            self._disk.close()
 
     def _observe_capacity(self) -> Capacity:
         now = time.monotonic()

@@ -35,6 +35,7 @@ from reconciler.spec.types import (
     RouterSettings,
     Security,
     Serving,
+    Storage,
     TaskSpec,
     Team,
     Training,
@@ -477,6 +478,11 @@ def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
         for name, t in (data.get("teams") or {}).items()
     }
     defaults = data.get("default_priority") or {}
+    storage_data = data.get("storage") or {}
+    storage = Storage(
+        user_quota_gb=storage_data.get("user_quota_gb"),
+        users={u: (None if v is None else float(v)) for u, v in (storage_data.get("users") or {}).items()},
+    )
     return ClusterSpec(
         teams=teams,
         priority_classes={k: int(v) for k, v in (data.get("priority_classes") or {}).items()},
@@ -490,6 +496,7 @@ def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
         prune=prune,
         security=security,
         admission=admission,
+        storage=storage,
     )
 
 
@@ -694,6 +701,8 @@ def _task(
     issues: list[Issue] = list(schema_issues)
     workload: Workload | None = data.get("workload")
     raw = {**TASK_DEFAULTS, **({} if workload == "command" else TRAINER_DEFAULTS), **data}
+    if raw.get("user_site") is False:  # the default: hashed like a file without it (a new key re-runs nothing)
+        del raw["user_site"]
 
     def checked(field_path: tuple[str, ...], value: str | None, *, hf: bool = False) -> str | None:
         if value is None:
@@ -768,6 +777,7 @@ def _task(
         raw={k: v for k, v in raw.items() if k not in ("suspend", "may_wait", "priority")},
         may_wait=bool(data.get("may_wait", False)),
         priority=data.get("priority"),
+        user_site=bool(data.get("user_site", False)),
     )
     # A malformed size or epoch count stands at its default here: verl's compose does not judge them.
     if task_check is not None and workload is not None and workload != "command":

@@ -166,6 +166,24 @@ class Admission:
 
 
 @dataclass(frozen=True)
+class Storage:
+    """Per-user disk quotas on the users' folders (``storage:`` in cluster.yaml), in GiB. While a user's
+    folder holds more than hers, no new run of her tasks is submitted (reconciler.plan.disk)."""
+
+    user_quota_gb: float | None = None  # every user's; None: no limit
+    users: Mapping[str, float | None] = field(default_factory=dict)  # one user's own (None: no limit)
+
+    def quota_gb(self, user: str) -> float | None:
+        """``user``'s quota in GiB; None: no limit."""
+        return self.users.get(user, self.user_quota_gb)
+
+    @property
+    def any(self) -> bool:
+        """True when some user has a quota."""
+        return self.user_quota_gb is not None or any(v is not None for v in self.users.values())
+
+
+@dataclass(frozen=True)
 class Security:
     require_signed_commits: bool = False
     allowed_signers: str | None = None
@@ -188,6 +206,7 @@ class ClusterSpec:
     priority_classes: Mapping[str, int] = field(default_factory=dict)  # name -> value
     default_priority: Mapping[str, str] = field(default_factory=dict)  # "model"/"task" -> class name
     preemption: Preemption = field(default_factory=Preemption)
+    storage: Storage = field(default_factory=Storage)
 
     def quota(self, user: str) -> int | None:
         if self.users is None:
@@ -271,6 +290,8 @@ class TaskSpec:
     raw: Mapping[str, object] = field(default_factory=dict, compare=False)  # normalised spec, for the hash
     priority: str | None = None  # priority class; None: the cluster's default for tasks
     may_wait: bool = False  # the author accepts UNSCHEDULABLE (the PR check warns, not fails); not hashed
+    # Python's user site-packages in the user's folder is loaded (builders.jobs.isolation_env); hashed when true.
+    user_site: bool = False
 
     @property
     def gpus(self) -> int:

@@ -146,8 +146,21 @@ def test_verl_submission_body() -> None:
     assert "trainer.logger=[console,wandb]" in entrypoint_argv(body["entrypoint"])
     assert body["entrypoint_resources"] == {"worker_node": 1.0}
     assert "entrypoint_num_gpus" not in body  # verl's workers take the GPUs, not the driver
+    scratch = "/tmp/argus-cache/alice"  # outside alice's folder, where her uploads land
     assert body["runtime_env"] == {
         "env_vars": {
+            # nothing in HOME is loaded as code by itself (builders/isolation.py)
+            "XDG_CACHE_HOME": f"{scratch}/cache",
+            "XDG_CONFIG_HOME": f"{scratch}/config",
+            "MPLCONFIGDIR": f"{scratch}/config/matplotlib",
+            "TRITON_HOME": scratch,
+            "TRITON_CACHE_DIR": f"{scratch}/.triton/cache",
+            "FLASHINFER_WORKSPACE_BASE": scratch,
+            "CUDA_CACHE_PATH": f"{scratch}/.nv/ComputeCache",
+            "CUPY_CACHE_DIR": f"{scratch}/.cupy/kernel_cache",
+            "WANDB_CONFIG_DIR": f"{scratch}/config/wandb",
+            "GIT_CONFIG_GLOBAL": "/dev/null",
+            "PYTHONNOUSERSITE": "1",
             "HF_HUB_OFFLINE": "0",  # task env wins over cluster env
             # verl's loggers write into the run folder, not the Ray actor's working directory
             "TENSORBOARD_DIR": f"{folder}/tensorboard",

@@ -104,3 +104,25 @@ def test_the_text_plan_shows_gpus_and_resolved_paths(repo: Path) -> None:
     assert "    1 GPU (1 replicas x 1) · source Qwen/Qwen2.5-0.5B-Instruct (resolved on the cluster)" in out
     assert "    2 GPU (1 nodes x 2) · working_dir /private/users/alice/code" in out
     assert "data /private/users/alice/data/gsm8k/train.parquet, /private/users/alice/data/gsm8k/test.parquet" in out
+
+
+def test_a_task_renders_the_home_its_job_gets(repo: Path) -> None:
+    for target in ("alice/tasks/gsm8k-grpo", "alice/tasks/shell"):
+        doc = yaml.safe_load(argus("render", target, repo, "--offline").stdout)
+        env = doc["env"]
+        assert env["HOME"] == "/private/users/alice", target  # where her uploads are: `cat $HOME/x`
+        # ... and what keeps the job from running code it finds there (issue 31 item 6)
+        assert env["PYTHONNOUSERSITE"] == "1" and env["XDG_CACHE_HOME"] == "/tmp/argus-cache/alice/cache", target
+
+
+def test_an_invalid_cluster_yaml_renders_nothing_and_says_why(repo: Path) -> None:
+    cluster = repo / "cluster.yaml"
+    cluster.write_text(cluster.read_text().replace("http_port: 8000", "http_port: eighty") + "bogus: 1\n")
+    lines = cluster.read_text().splitlines()
+    for target in ("alice/tasks/gsm8k-grpo", "alice/models/chat"):
+        proc = argus("render", target, repo, "--offline")
+        assert proc.returncode == 1 and proc.stdout == "", (target, proc.stdout)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("cluster.yaml:")]
+        assert any(f"cluster.yaml:{len(lines)}:" in e and "bogus" in e for e in errors), proc.stderr
+        assert any("http_port" in e for e in errors), proc.stderr
+        assert "cluster.yaml: " in proc.stderr and "nothing to render" in proc.stderr
