@@ -33,8 +33,8 @@ from reconciler.plan.actual import ActualState, Capacity, NodeCapacity
 from reconciler.plan.demand import model_resources_per_replica, task_resources
 from reconciler.plan.diff import summarise
 from reconciler.plan.placement import demand_parts, model_parts, never_fits, request_parts, task_parts, unit_of
-from reconciler.plan.preemption import choose_victims, may_preempt, running_work, victim_action
-from reconciler.plan.quota import EPS, Ledger, fmt, quota_use
+from reconciler.plan.preemption import choose_victims, may_preempt, reclaim_outlook, running_work, victim_action
+from reconciler.plan.quota import EPS, Ledger, firm_over, firm_rule, fmt, protected_replicas, protection, quota_use
 from reconciler.spec.types import GPU, NO_TEAM, ClusterSpec, DesiredState, ObjectKey
 
 SHOWN_POSITIONS = 50
@@ -133,7 +133,10 @@ def unschedulable(
         per = model_resources_per_replica(model, cluster)
         request = {r: v * model.replicas for r, v in per.items()}
         amount = {GPU: float(model.gpus_per_replica * model.replicas)}
-        why = over_quota(amount, key.user, cluster, False) or over_cluster(request, total or {})
+        firm = protected_replicas(model, model.replicas, cluster) * float(model.gpus_per_replica)
+        why = over_quota(amount, key.user, cluster, False)
+        why = why or firm_over(cluster, key.user, firm, protection(model, cluster), total or {})
+        why = why or over_cluster(request, total or {})
         why = why or never_fits(model_parts(model, cluster, model.replicas), nodes, "replica")
         if why:
             out.append((key, why))
@@ -200,7 +203,9 @@ def admit(
             cand = deferred.pop(0)
         action, user = cand.action, cand.action.key.user
         pending.discard(action.key)
+        firm, firm_total, firm_why = firm_of(desired, action.key, ledger)
         never = over_quota(quota_amount(desired, action, cand.request), user, cluster, cand.task)
+        never = never or firm_over(cluster, user, firm_total, firm_why, capacity.total)
         never = f"ExceedsMaxQuota: {never}" if never else over_cluster(cand.request, capacity.total)
         unit = unit_of(action.key)
         if never is None and capacity.nodes:
@@ -210,11 +215,13 @@ def admit(
             continue
         amount = amounts[action.key]
         parts = demand_parts(desired, action) if ledger.nodes is not None else ()
-        short = ledger.short(user, amount, action.demand) or ledger.node_short(parts, unit)
+        # Work reclaim could never stop borrows nothing, so no preemption makes room for it.
+        short = ledger.firm_short(user, firm, firm_why) or ledger.short(user, amount, action.demand)
+        short = short or ledger.node_short(parts, unit)
         behind = sorted(r for r, v in action.demand.items() if v > 0 and r in blocked) if ledger.known else []
         # A shortage on single nodes only never preempts: argus does not observe on which node
         # running work is, so it cannot tell whose stop would make room on one node.
-        if short is not None and short.kind not in ("user", "node") and preempting and not behind:
+        if short is not None and short.kind not in ("user", "node", "firm") and preempting and not behind:
             victims = choose_victims(
                 ledger, action.key, priority[action.key], amount, action.demand, work, taken, now, actual.preempted
             )
@@ -224,18 +231,26 @@ def admit(
             if victims:
                 short = None
         if short is not None:
+            reason = short.reason
+            if short.kind == "pool" and ledger.within_nominal(cluster.team_of(user), amount):
+                # Its team's idle quota is lent: say what becomes of it, never promising a
+                # reclaim the rules rule out.
+                if behind:
+                    tail = f"strict first come, first served: waiting behind {_firsts(blocked, behind)}"
+                else:
+                    tail = reclaim_outlook(ledger, action.key, priority[action.key], work, taken, now)
+                reason = f"{reason}; {tail}"
             waiting.append(len(out))
-            out.append(_queued(action, short.reason))
+            out.append(_queued(action, reason))
             if strict and short.kind in ("capacity", "node"):
                 for r in short.resources:
                     blocked.setdefault(r, action.key)
             continue
         if behind:
-            firsts = ", ".join(f"{blocked[r]} ({r})" for r in behind)
             waiting.append(len(out))
-            out.append(_queued(action, f"strict first come, first served: waiting behind {firsts}"))
+            out.append(_queued(action, f"strict first come, first served: waiting behind {_firsts(blocked, behind)}"))
             continue
-        ledger.take(user, amount, action.demand)
+        ledger.take(user, amount, action.demand, firm)
         # Admitted after preemption, its parts may not fit the nodes' free resources yet: the
         # victims' resources come back on nodes argus does not observe, so none are taken then.
         ledger.place(parts)
@@ -249,6 +264,21 @@ def admit(
     if cluster.teams:
         result.teams = ledger.summary()
     return out
+
+
+def _firsts(blocked: Mapping[str, ObjectKey], behind: Sequence[str]) -> str:
+    return ", ".join(f"{blocked[r]} ({r})" for r in behind)
+
+
+def firm_of(desired: DesiredState, key: ObjectKey, ledger: Ledger) -> tuple[float, float, str]:
+    """The GPUs that reclaim could never stop which admitting ``key`` adds to its queue, all
+    ``key`` holds of them once admitted, and why they cannot be preempted ((0, 0, "") for a task,
+    and whenever :func:`firm_rule` is off)."""
+    model = desired.models.get(key) if key.kind == "model" else None
+    if model is None or not firm_rule(desired.cluster):
+        return 0.0, 0.0, ""
+    total = protected_replicas(model, model.replicas, desired.cluster) * float(model.gpus_per_replica)
+    return total - ledger.firm_models.get(key, 0.0), total, protection(model, desired.cluster)
 
 
 def _priority(desired: DesiredState, key: ObjectKey) -> int:
