@@ -177,8 +177,13 @@ def admit(
         result.notes.append("capacity unknown (no capacity in the actual state): admission not checked")
     strict = cluster.admission.policy == "StrictFIFO"
     preempting = may_preempt(cluster)
-    work = running_work(desired, actual, busy) if preempting and cands else []
-    taken: set[ObjectKey] = set()
+    # A model whose scale-up waits keeps running its replicas: they stay preemptible, or a
+    # scale-up that never fits would shield the replicas the model borrows with.
+    scaling = {c.action.key for c in cands if c.action.type is ActionType.SCALE_MODEL}
+    work = running_work(desired, actual, busy - scaling) if preempting and cands else []
+    taken: set[ObjectKey] = set()  # preempted or admitted in this plan: not preempted (again)
+    held: dict[ObjectKey, int] = {}  # a waiting scale-up: the index of its action in out
+    dropped: set[int] = set()  # the actions of waiting scale-ups whose model was preempted since
     priority = {c.action.key: _priority(desired, c.action.key) for c in cands}
     amounts = {c.action.key: quota_amount(desired, c.action, c.action.demand) for c in cands}
     queues: dict[str, deque[Candidate]] = {}
@@ -203,6 +208,8 @@ def admit(
             cand = deferred.pop(0)
         action, user = cand.action, cand.action.key.user
         pending.discard(action.key)
+        if action.key in taken:
+            continue  # a scale-up whose model was preempted this tick: it waits for the next
         firm, firm_total, firm_why = firm_of(desired, action.key, ledger)
         never = over_quota(quota_amount(desired, action, cand.request), user, cluster, cand.task)
         never = never or firm_over(cluster, user, firm_total, firm_why, capacity.total)
@@ -211,6 +218,7 @@ def admit(
         if never is None and capacity.nodes:
             never = never_fits(request_parts(desired, action.key), capacity.nodes, unit)
         if never is not None:
+            held[action.key] = len(out)
             out.append(_unschedulable(action, never))
             continue
         amount = amounts[action.key]
@@ -227,6 +235,8 @@ def admit(
             )
             for victim, why in victims or []:
                 taken.add(victim.key)
+                if victim.key in held:
+                    dropped.add(held.pop(victim.key))  # one action per object: the preemption
                 out.append(victim_action(victim, action.key, why))
             if victims:
                 short = None
@@ -241,6 +251,7 @@ def admit(
                     tail = reclaim_outlook(ledger, action.key, priority[action.key], work, taken, now)
                 reason = f"{reason}; {tail}"
             waiting.append(len(out))
+            held[action.key] = len(out)
             out.append(_queued(action, reason))
             if strict and short.kind in ("capacity", "node"):
                 for r in short.resources:
@@ -248,19 +259,23 @@ def admit(
             continue
         if behind:
             waiting.append(len(out))
+            held[action.key] = len(out)
             out.append(_queued(action, f"strict first come, first served: waiting behind {_firsts(blocked, behind)}"))
             continue
         ledger.take(user, amount, action.demand, firm)
+        taken.add(action.key)
         # Admitted after preemption, its parts may not fit the nodes' free resources yet: the
         # victims' resources come back on nodes argus does not observe, so none are taken then.
         ledger.place(parts)
         out.append(action)
-    for place, index in enumerate(waiting, start=1):
+    for place, index in enumerate((i for i in waiting if i not in dropped), start=1):
         queued = out[index]
         # Exact places only near the head: further back a moving queue would rewrite every
         # waiting object's status document on every admission.
         where = f"queue position {place}" if place <= SHOWN_POSITIONS else f"behind {SHOWN_POSITIONS}+ in the queue"
         out[index] = replace(queued, position=place, reason=f"{queued.reason} [{where}]")
+    if dropped:
+        out = [a for i, a in enumerate(out) if i not in dropped]
     if cluster.teams:
         result.teams = ledger.summary()
     return out
