@@ -180,7 +180,7 @@ def admit(
     # A model whose scale-up waits keeps running its replicas: they stay preemptible, or a
     # scale-up that never fits would shield the replicas the model borrows with.
     scaling = {c.action.key for c in cands if c.action.type is ActionType.SCALE_MODEL}
-    work = running_work(desired, actual, busy - scaling) if preempting and cands else []
+    work = running_work(desired, actual, busy - scaling, ledger.floors) if preempting and cands else []
     taken: set[ObjectKey] = set()  # preempted or admitted in this plan: not preempted (again)
     held: dict[ObjectKey, int] = {}  # a waiting scale-up: the index of its action in out
     dropped: set[int] = set()  # the actions of waiting scale-ups whose model was preempted since

@@ -51,6 +51,9 @@ class Running:
     replicas: int | None = None  # a model: replicas it keeps (its min_replicas)
     spec_hash: str | None = None
     source_path: str | None = None
+    # A model's replica its file protects that its queue's nominal quota does not
+    # (:meth:`reconciler.plan.quota.Ledger._cap_firm`): only reclaim may stop it.
+    beyond: bool = False
 
 
 def may_preempt(cluster: ClusterSpec) -> bool:
@@ -61,8 +64,14 @@ def may_preempt(cluster: ClusterSpec) -> bool:
     return reclaim or within
 
 
-def running_work(desired: DesiredState, actual: ActualState, busy: frozenset[ObjectKey]) -> list[Running]:
+def running_work(
+    desired: DesiredState,
+    actual: ActualState,
+    busy: frozenset[ObjectKey],
+    floors: Mapping[ObjectKey, int] | None = None,
+) -> list[Running]:
     """Every owned object running as its file says that preemption may stop (or scale down).
+    ``floors``: models whose protected replicas are capped (:attr:`Ledger.floors`).
 
     ``busy``: objects the plan already changes (not preempted on top). A task whose file is
     invalid counts at its kind's default priority: breaking a file does not shield borrowed GPUs.
@@ -96,7 +105,8 @@ def running_work(desired: DesiredState, actual: ActualState, busy: frozenset[Obj
         model = desired.models.get(key)
         if key in busy or model is None:
             continue
-        floor = protected_replicas(model, live.replicas, cluster)
+        protected = protected_replicas(model, live.replicas, cluster)
+        floor = min(protected, (floors or {}).get(key, protected))
         if floor >= live.replicas or live.spec_hash != model_spec_hash(model, cluster):
             continue
         # One entry per spare replica, the last one first: a model loses only the replicas needed.
@@ -113,6 +123,7 @@ def running_work(desired: DesiredState, actual: ActualState, busy: frozenset[Obj
                     replicas=keep,
                     spec_hash=live.spec_hash,
                     source_path=model.source_path,
+                    beyond=keep < protected,
                 )
             )
     return out
@@ -177,7 +188,7 @@ def eligible(
         if w.submission_id is not None and not _old_enough(w, now, policy.min_run_seconds):
             continue
         if w.group == group:
-            if policy.within_team != "Never" and w.priority < priority:
+            if policy.within_team != "Never" and w.priority < priority and not w.beyond:
                 out.append(w)
         elif reclaim and ledger.borrowing(w.group) and (policy.reclaim == "Any" or w.priority < priority):
             out.append(w)
@@ -282,7 +293,12 @@ def victim_action(w: Running, by: ObjectKey, why: str) -> Action:
         return Action(
             ActionType.STOP_TASK, w.key, reason, submission_id=w.submission_id, preempted_by=by, preemption=why
         )
-    reason = f"Preempted by {by} ({why}): scaled down to {w.replicas} replicas (its min_replicas is the floor)"
+    floor = (
+        "its team holds more work that cannot be preempted than its nominal quota: only what fits it is protected"
+        if w.beyond
+        else "its min_replicas is the floor"
+    )
+    reason = f"Preempted by {by} ({why}): scaled down to {w.replicas} replicas ({floor})"
     return Action(
         ActionType.SCALE_MODEL,
         w.key,

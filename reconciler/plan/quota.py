@@ -165,6 +165,9 @@ class Ledger:
     # GPUs of work reclaim cannot stop, per queue and per running model (:func:`firm_rule`; empty when off).
     firm: dict[str, float] = field(default_factory=dict)
     firm_models: dict[ObjectKey, float] = field(default_factory=dict)
+    # Running models whose protected replicas were capped to fit their queue (:meth:`_cap_firm`):
+    # the replicas preemption may not stop.
+    floors: dict[ObjectKey, int] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -179,6 +182,7 @@ class Ledger:
         pending: list[Part] = []
         per_node = bool(capacity.nodes)
         guard = firm_rule(cluster)
+        cappable: list[tuple[ActualModel, ModelSpec, int]] = []
         # Plain loops: at 10,000 owned objects, building per-object dicts dominated the re-plan time.
         for model in actual.models.values():
             waiting = max(0, model.replicas - model.ready_replicas)
@@ -190,7 +194,7 @@ class Ledger:
                 pending.extend(model.resources_per_replica for _ in range(waiting))
             ledger._count(model.key.user, {GPU: model_gpus(model) * model.replicas}, 1.0)
             if guard:
-                ledger._count_firm(model, desired.models.get(model.key) if desired is not None else None)
+                ledger._count_firm(model, desired.models.get(model.key) if desired is not None else None, cappable)
         for job in actual.jobs:
             if not job.active:
                 continue
@@ -206,22 +210,55 @@ class Ledger:
         ledger.avail = sub(capacity.available, unplaced)
         ledger.cap = sub(capacity.total, committed)
         ledger.pool = ledger._pool()
+        if cappable:
+            ledger._cap_firm(cappable)
         ledger.managed = tuple(r for r in QUOTA_RESOURCES if any(r in t.nominal for t in cluster.teams.values()))
         if per_node:
             ledger._nodes_of(capacity.nodes, pending)
         return ledger
 
-    def _count_firm(self, model: ActualModel, spec: ModelSpec | None) -> None:
-        """Count the GPUs of running ``model`` (``spec``: its file's) that reclaim cannot stop."""
+    def _count_firm(
+        self, model: ActualModel, spec: ModelSpec | None, cappable: list[tuple[ActualModel, ModelSpec, int]]
+    ) -> None:
+        """Count the GPUs of running ``model`` (``spec``: its file's) that reclaim cannot stop; a
+        model preemption can scale down goes to ``cappable`` too (:meth:`_cap_firm`)."""
         # A model running another spec than its file's is replaced by this plan (or keeps running
         # while its update waits): none of it is preempted, so all of it is firm.
         if spec is not None and not spec.source_task and model.spec_hash != model_spec_hash(spec, self.cluster):
             spec = None
-        firm = protected_replicas(spec, model.replicas, self.cluster) * model_gpus(model)
+        replicas = protected_replicas(spec, model.replicas, self.cluster)
+        firm = replicas * model_gpus(model)
         if firm:
             self.firm_models[model.key] = firm
             group = self.cluster.team_of(model.key.user)
             self.firm[group] = self.firm.get(group, 0.0) + firm
+            if spec is not None and not spec.source_task and self.cluster.preemption.models:
+                cappable.append((model, spec, replicas))
+
+    def _cap_firm(self, cappable: list[tuple[ActualModel, ModelSpec, int]]) -> None:
+        """Keep each queue's firm GPUs within what it may hold (:func:`firm_limit`). Admission
+        keeps them there, but a file may raise or drop ``min_replicas`` without a restart (it
+        is not in the spec hash), and the admin may lower a quota: protection past the limit
+        would shield borrowed GPUs for good. Of the models preemption can scale down, the
+        highest priority, then the oldest, keep their protected replicas first; the others'
+        are left to reclaim (never to their own team's preemption)."""
+        groups: dict[str, list[tuple[ActualModel, ModelSpec, int]]] = {}
+        for item in cappable:
+            groups.setdefault(self.cluster.team_of(item[0].key.user), []).append(item)
+        for group, items in groups.items():
+            limit = firm_limit(self.cluster, group, self.total)
+            held = self.firm.get(group, 0.0)
+            if limit is None or held <= limit + EPS:
+                continue
+            left = limit - (held - sum(n * model_gpus(m) for m, _s, n in items))
+            items.sort(key=lambda i: (-self.cluster.priority_value("model", i[1].priority), i[1].created_at, i[0].key))
+            for model, _spec, replicas in items:
+                per = model_gpus(model)
+                keep = min(replicas, max(0, math.floor(left / per + EPS)))
+                left -= keep * per
+                self.floors[model.key] = keep
+                self.firm_models[model.key] = keep * per
+                self.firm[group] -= (replicas - keep) * per
 
     def _nodes_of(self, nodes: tuple[NodeCapacity, ...], pending: list[Part]) -> None:
         self.nodes = FreeNodes({n.node_id: dict(n.available) for n in nodes})
