@@ -33,8 +33,8 @@ from reconciler.plan.actual import ActualState, Capacity, NodeCapacity
 from reconciler.plan.demand import model_resources_per_replica, task_resources
 from reconciler.plan.diff import summarise
 from reconciler.plan.placement import demand_parts, model_parts, never_fits, request_parts, task_parts, unit_of
-from reconciler.plan.preemption import choose_victims, may_preempt, running_work, victim_action
-from reconciler.plan.quota import EPS, Ledger, fmt, quota_use
+from reconciler.plan.preemption import choose_victims, may_preempt, reclaim_outlook, running_work, victim_action
+from reconciler.plan.quota import EPS, Ledger, firm_over, firm_rule, fmt, protected_replicas, protection, quota_use
 from reconciler.spec.types import GPU, NO_TEAM, ClusterSpec, DesiredState, ObjectKey
 
 SHOWN_POSITIONS = 50
@@ -133,7 +133,10 @@ def unschedulable(
         per = model_resources_per_replica(model, cluster)
         request = {r: v * model.replicas for r, v in per.items()}
         amount = {GPU: float(model.gpus_per_replica * model.replicas)}
-        why = over_quota(amount, key.user, cluster, False) or over_cluster(request, total or {})
+        firm = protected_replicas(model, model.replicas, cluster) * float(model.gpus_per_replica)
+        why = over_quota(amount, key.user, cluster, False)
+        why = why or firm_over(cluster, key.user, firm, protection(model, cluster), total or {})
+        why = why or over_cluster(request, total or {})
         why = why or never_fits(model_parts(model, cluster, model.replicas), nodes, "replica")
         if why:
             out.append((key, why))
@@ -174,8 +177,13 @@ def admit(
         result.notes.append("capacity unknown (no capacity in the actual state): admission not checked")
     strict = cluster.admission.policy == "StrictFIFO"
     preempting = may_preempt(cluster)
-    work = running_work(desired, actual, busy) if preempting and cands else []
-    taken: set[ObjectKey] = set()
+    # A model whose scale-up waits keeps running its replicas: they stay preemptible, or a
+    # scale-up that never fits would shield the replicas the model borrows with.
+    scaling = {c.action.key for c in cands if c.action.type is ActionType.SCALE_MODEL}
+    work = running_work(desired, actual, busy - scaling, ledger.floors) if preempting and cands else []
+    taken: set[ObjectKey] = set()  # preempted or admitted in this plan: not preempted (again)
+    held: dict[ObjectKey, int] = {}  # a waiting scale-up: the index of its action in out
+    dropped: set[int] = set()  # the actions of waiting scale-ups whose model was preempted since
     priority = {c.action.key: _priority(desired, c.action.key) for c in cands}
     amounts = {c.action.key: quota_amount(desired, c.action, c.action.demand) for c in cands}
     queues: dict[str, deque[Candidate]] = {}
@@ -200,55 +208,92 @@ def admit(
             cand = deferred.pop(0)
         action, user = cand.action, cand.action.key.user
         pending.discard(action.key)
+        if action.key in taken:
+            continue  # a scale-up whose model was preempted this tick: it waits for the next
+        firm, firm_total, firm_why = firm_of(desired, action.key, ledger)
         never = over_quota(quota_amount(desired, action, cand.request), user, cluster, cand.task)
+        never = never or firm_over(cluster, user, firm_total, firm_why, capacity.total)
         never = f"ExceedsMaxQuota: {never}" if never else over_cluster(cand.request, capacity.total)
         unit = unit_of(action.key)
         if never is None and capacity.nodes:
             never = never_fits(request_parts(desired, action.key), capacity.nodes, unit)
         if never is not None:
+            held[action.key] = len(out)
             out.append(_unschedulable(action, never))
             continue
         amount = amounts[action.key]
         parts = demand_parts(desired, action) if ledger.nodes is not None else ()
-        short = ledger.short(user, amount, action.demand) or ledger.node_short(parts, unit)
+        # Work reclaim could never stop borrows nothing, so no preemption makes room for it.
+        short = ledger.firm_short(user, firm, firm_why) or ledger.short(user, amount, action.demand)
+        short = short or ledger.node_short(parts, unit)
         behind = sorted(r for r, v in action.demand.items() if v > 0 and r in blocked) if ledger.known else []
         # A shortage on single nodes only never preempts: argus does not observe on which node
         # running work is, so it cannot tell whose stop would make room on one node.
-        if short is not None and short.kind not in ("user", "node") and preempting and not behind:
+        if short is not None and short.kind not in ("user", "node", "firm") and preempting and not behind:
             victims = choose_victims(
                 ledger, action.key, priority[action.key], amount, action.demand, work, taken, now, actual.preempted
             )
             for victim, why in victims or []:
                 taken.add(victim.key)
+                if victim.key in held:
+                    dropped.add(held.pop(victim.key))  # one action per object: the preemption
                 out.append(victim_action(victim, action.key, why))
             if victims:
                 short = None
         if short is not None:
+            reason = short.reason
+            if short.kind == "pool" and ledger.within_nominal(cluster.team_of(user), amount):
+                # Its team's idle quota is lent: say what becomes of it, never promising a
+                # reclaim the rules rule out.
+                if behind:
+                    tail = f"strict first come, first served: waiting behind {_firsts(blocked, behind)}"
+                else:
+                    tail = reclaim_outlook(ledger, action.key, priority[action.key], work, taken, now)
+                reason = f"{reason}; {tail}"
             waiting.append(len(out))
-            out.append(_queued(action, short.reason))
+            held[action.key] = len(out)
+            out.append(_queued(action, reason))
             if strict and short.kind in ("capacity", "node"):
                 for r in short.resources:
                     blocked.setdefault(r, action.key)
             continue
         if behind:
-            firsts = ", ".join(f"{blocked[r]} ({r})" for r in behind)
             waiting.append(len(out))
-            out.append(_queued(action, f"strict first come, first served: waiting behind {firsts}"))
+            held[action.key] = len(out)
+            out.append(_queued(action, f"strict first come, first served: waiting behind {_firsts(blocked, behind)}"))
             continue
-        ledger.take(user, amount, action.demand)
+        ledger.take(user, amount, action.demand, firm)
+        taken.add(action.key)
         # Admitted after preemption, its parts may not fit the nodes' free resources yet: the
         # victims' resources come back on nodes argus does not observe, so none are taken then.
         ledger.place(parts)
         out.append(action)
-    for place, index in enumerate(waiting, start=1):
+    for place, index in enumerate((i for i in waiting if i not in dropped), start=1):
         queued = out[index]
         # Exact places only near the head: further back a moving queue would rewrite every
         # waiting object's status document on every admission.
         where = f"queue position {place}" if place <= SHOWN_POSITIONS else f"behind {SHOWN_POSITIONS}+ in the queue"
         out[index] = replace(queued, position=place, reason=f"{queued.reason} [{where}]")
+    if dropped:
+        out = [a for i, a in enumerate(out) if i not in dropped]
     if cluster.teams:
         result.teams = ledger.summary()
     return out
+
+
+def _firsts(blocked: Mapping[str, ObjectKey], behind: Sequence[str]) -> str:
+    return ", ".join(f"{blocked[r]} ({r})" for r in behind)
+
+
+def firm_of(desired: DesiredState, key: ObjectKey, ledger: Ledger) -> tuple[float, float, str]:
+    """The GPUs that reclaim could never stop which admitting ``key`` adds to its queue, all
+    ``key`` holds of them once admitted, and why they cannot be preempted ((0, 0, "") for a task,
+    and whenever :func:`firm_rule` is off)."""
+    model = desired.models.get(key) if key.kind == "model" else None
+    if model is None or not firm_rule(desired.cluster):
+        return 0.0, 0.0, ""
+    total = protected_replicas(model, model.replicas, desired.cluster) * float(model.gpus_per_replica)
+    return total - ledger.firm_models.get(key, 0.0), total, protection(model, desired.cluster)
 
 
 def _priority(desired: DesiredState, key: ObjectKey) -> int:

@@ -3,10 +3,13 @@
 Rules, in order (``preemption:`` in cluster.yaml):
 
 1. **Reclaim** (Kueue's ``reclaimWithinCohort``): an object whose team stays within its nominal
-   quota once admitted may stop work of *other* queues that borrow (use more than their nominal
-   quota; users in no team always borrow) — of any priority (``Any``, the default), only of
-   lower priority (``LowerPriority``), or never.
-2. **Within the team** (``withinClusterQueue``): lower-priority work of the object's own queue.
+   quota once admitted, counting its own lower-priority work that stops for it, may stop work of
+   *other* queues that borrow (use more than their nominal quota; users in no team always
+   borrow) — of any priority (``Any``, the default), only of lower priority (``LowerPriority``),
+   or never. Its own victims and the borrowers' are chosen together, as Kueue preempts in every
+   ClusterQueue of the cohort at once: when both must stop for it, both do.
+2. **Within the team** (``withinClusterQueue``): lower-priority work of the object's own queue
+   (the only victims of an object that borrows once admitted).
 3. Never: work of another team within its nominal quota, whatever its priority; work of equal
    or higher priority of the same team; a task that has run less than ``min_run_seconds``
    (hysteresis); a model's replicas up to its ``min_replicas`` (and models at all unless the
@@ -14,7 +17,8 @@ Rules, in order (``preemption:`` in cluster.yaml):
 
 Victims are tried reclaim first, then lowest priority, then most recently started (the least
 work lost), and only as many as needed: once the object fits, each victim is put back if the
-object still fits without stopping it.
+object still fits without stopping it. Admission lets only reclaimable work borrow
+(:attr:`reconciler.plan.quota.Ledger.firm`), so reclaim can always give a team its nominal quota.
 """
 
 from __future__ import annotations
@@ -25,9 +29,9 @@ from dataclasses import dataclass
 
 from reconciler.plan.actions import Action, ActionType
 from reconciler.plan.actual import ActualState
-from reconciler.plan.quota import Ledger, model_gpus, quota_use
+from reconciler.plan.quota import Ledger, model_gpus, protected_replicas, quota_use
 from reconciler.spec.hashing import model_spec_hash, task_spec_hash
-from reconciler.spec.types import GPU, ClusterSpec, DesiredState, ObjectKey
+from reconciler.spec.types import GPU, NO_TEAM, ClusterSpec, DesiredState, ObjectKey
 
 RECLAIM = "reclaim"
 WITHIN_TEAM = "within team"
@@ -47,6 +51,9 @@ class Running:
     replicas: int | None = None  # a model: replicas it keeps (its min_replicas)
     spec_hash: str | None = None
     source_path: str | None = None
+    # A model's replica its file protects that its queue's nominal quota does not
+    # (:meth:`reconciler.plan.quota.Ledger._cap_firm`): only reclaim may stop it.
+    beyond: bool = False
 
 
 def may_preempt(cluster: ClusterSpec) -> bool:
@@ -57,8 +64,14 @@ def may_preempt(cluster: ClusterSpec) -> bool:
     return reclaim or within
 
 
-def running_work(desired: DesiredState, actual: ActualState, busy: frozenset[ObjectKey]) -> list[Running]:
+def running_work(
+    desired: DesiredState,
+    actual: ActualState,
+    busy: frozenset[ObjectKey],
+    floors: Mapping[ObjectKey, int] | None = None,
+) -> list[Running]:
     """Every owned object running as its file says that preemption may stop (or scale down).
+    ``floors``: models whose protected replicas are capped (:attr:`Ledger.floors`).
 
     ``busy``: objects the plan already changes (not preempted on top). A task whose file is
     invalid counts at its kind's default priority: breaking a file does not shield borrowed GPUs.
@@ -90,14 +103,15 @@ def running_work(desired: DesiredState, actual: ActualState, busy: frozenset[Obj
         return out
     for key, live in actual.models.items():
         model = desired.models.get(key)
-        if key in busy or model is None or model.min_replicas is None or model.source_task is not None:
+        if key in busy or model is None:
             continue
-        spare = live.replicas - model.min_replicas
-        if spare <= 0 or live.spec_hash != model_spec_hash(model, cluster):
+        protected = protected_replicas(model, live.replicas, cluster)
+        floor = min(protected, (floors or {}).get(key, protected))
+        if floor >= live.replicas or live.spec_hash != model_spec_hash(model, cluster):
             continue
         # One entry per spare replica, the last one first: a model loses only the replicas needed.
         one = {r: v for r, v in live.resources_per_replica.items() if v}
-        for keep in range(live.replicas - 1, model.min_replicas - 1, -1):
+        for keep in range(live.replicas - 1, floor - 1, -1):
             out.append(
                 Running(
                     key=key,
@@ -109,6 +123,7 @@ def running_work(desired: DesiredState, actual: ActualState, busy: frozenset[Obj
                     replicas=keep,
                     spec_hash=live.spec_hash,
                     source_path=model.source_path,
+                    beyond=keep < protected,
                 )
             )
     return out
@@ -129,45 +144,93 @@ def choose_victims(
     None when no allowed set makes it fit (the ledger is then unchanged). The victims' resources
     are given back to ``ledger``."""
     cluster = ledger.cluster
+    group = cluster.team_of(key.user) if cluster.teams else ""
+    own: list[Running] = []
+    others: list[Running] = []
+    for w in eligible(ledger, key, priority, work, taken, now, preempted):
+        (own if w.group == group else others).append(w)
+    options = [(1, w, WITHIN_TEAM) for w in own]
+    if others:
+        freed: dict[str, float] = {}
+        for w in own:
+            for r, v in w.amount.items():
+                freed[r] = freed.get(r, 0.0) + v
+        # Reclaim only for an object its team holds within its nominal quota once its own
+        # victims stop: both kinds are searched together (Kueue's "preempt from all
+        # ClusterQueues in cohort"), and the object must end within its nominal quota.
+        if ledger.within_nominal(group, amount, freed):
+            found = _search(ledger, key.user, amount, demand, [(0, w, RECLAIM) for w in others] + options, group)
+            if found is not None:
+                return found
+    return _search(ledger, key.user, amount, demand, options, None) if options else None
+
+
+def eligible(
+    ledger: Ledger,
+    key: ObjectKey,
+    priority: int,
+    work: list[Running],
+    taken: set[ObjectKey],
+    now: int | None,
+    preempted: Mapping[ObjectKey, ObjectKey],
+) -> list[Running]:
+    """The running work the rules let ``key`` (of ``priority``) stop: lower-priority work of its
+    own queue, and work of other queues that borrow now (reclaim; whether ``key`` may reclaim at
+    all depends on its team's nominal quota, :func:`choose_victims`)."""
+    cluster = ledger.cluster
     policy = cluster.preemption
-    user = key.user
-    group = cluster.team_of(user) if cluster.teams else ""
-    reclaiming = bool(cluster.teams) and policy.reclaim != "Never" and ledger.within_nominal(group, amount)
-    options: list[tuple[int, Running, str]] = []
+    group = cluster.team_of(key.user) if cluster.teams else ""
+    reclaim = bool(cluster.teams) and policy.reclaim != "Never" and group != NO_TEAM
+    out = []
     for w in work:
         if w.key in taken or w.key == key or preempted.get(key) == w.key:
             continue
         if w.submission_id is not None and not _old_enough(w, now, policy.min_run_seconds):
             continue
-        if w.group != group:
-            if not reclaiming or (policy.reclaim == "LowerPriority" and w.priority >= priority):
-                continue
-            if not ledger.borrowing(w.group):
-                continue
-            options.append((0, w, RECLAIM))
-        elif policy.within_team != "Never" and w.priority < priority:
-            options.append((1, w, WITHIN_TEAM))
-    if not options:
-        return None
-    options.sort(key=lambda o: (o[0], o[1].priority, -_started(o[1]), o[1].key, -(o[1].replicas or 0)))
+        if w.group == group:
+            if policy.within_team != "Never" and w.priority < priority and not w.beyond:
+                out.append(w)
+        elif reclaim and ledger.borrowing(w.group) and (policy.reclaim == "Any" or w.priority < priority):
+            out.append(w)
+    return out
+
+
+def _search(
+    ledger: Ledger,
+    user: str,
+    amount: Mapping[str, float],
+    demand: Mapping[str, float],
+    options: list[tuple[int, Running, str]],
+    nominal: str | None,
+) -> list[tuple[Running, str]] | None:
+    """Stop ``options`` in order until ``user``'s request fits (within queue ``nominal``'s nominal
+    quota too, unless None), then put back each victim it fits without; None (ledger unchanged)
+    when even all of them are not enough."""
+
+    def fits() -> bool:
+        if ledger.short(user, amount, demand) is not None:
+            return False
+        return nominal is None or ledger.within_nominal(nominal, amount)
+
+    options = sorted(options, key=lambda o: (o[0], o[1].priority, -_started(o[1]), o[1].key, -(o[1].replicas or 0)))
     chosen: list[tuple[Running, str]] = []
-    fits = False
+    found = False
     for rank, w, why in options:
         if rank == 0 and not ledger.borrowing(w.group):
             continue  # earlier victims brought its queue back within its nominal quota
         ledger.give_back(w.key.user, w.amount, w.real)
         chosen.append((w, why))
-        if ledger.short(user, amount, demand) is None:
-            fits = True
+        if fits():
+            found = True
             break
-    if not fits:
+    if not found:
         for w, _why in chosen:
             ledger.take(w.key.user, w.amount, w.real)
         return None
     for item in reversed(list(chosen)):  # keep only the victims it cannot fit without
         w = item[0]
         ledger.take(w.key.user, w.amount, w.real)
-        if ledger.short(user, amount, demand) is None:
+        if fits():
             chosen.remove(item)
         else:
             ledger.give_back(w.key.user, w.amount, w.real)
@@ -177,6 +240,36 @@ def choose_victims(
         if w.replicas is not None and (w.key not in models or w.replicas < (models[w.key][0].replicas or 0)):
             models[w.key] = (w, why)
     return [(w, why) for w, why in chosen if w.replicas is None] + sorted(models.values(), key=lambda m: m[0].key)
+
+
+def reclaim_outlook(
+    ledger: Ledger,
+    key: ObjectKey,
+    priority: int,
+    work: list[Running],
+    taken: set[ObjectKey],
+    now: int | None,
+) -> str:
+    """What becomes of the idle quota of ``key``'s team that others borrow, when reclaiming it
+    did not make room this tick: never a promise of a reclaim the rules rule out."""
+    cluster = ledger.cluster
+    policy = cluster.preemption
+    if policy.reclaim == "Never":
+        return "`preemption.reclaim: Never`: it comes back as their work ends"
+    group = cluster.team_of(key.user)
+    # ``work`` is what preemption may ever stop: a borrower's work missing from it never is.
+    lent = [w for w in work if w.group != group and w.key not in taken and ledger.borrowing(w.group)]
+    if policy.reclaim == "LowerPriority":
+        lower = [w for w in lent if w.priority < priority]
+        if lent and not lower:
+            why = "`preemption.reclaim: LowerPriority` and their work is not of lower priority"
+            return f"{why}: it comes back as it ends"
+        lent = lower
+    if not lent:
+        return "what they run on it cannot be preempted: it comes back only when that work stops"
+    if any(w.submission_id is not None and not _old_enough(w, now, policy.min_run_seconds) for w in lent):
+        return f"reclaimed once their tasks have run `preemption.min_run_seconds` ({policy.min_run_seconds} s)"
+    return "it comes back as their work ends"
 
 
 def _started(w: Running) -> float:
@@ -200,7 +293,12 @@ def victim_action(w: Running, by: ObjectKey, why: str) -> Action:
         return Action(
             ActionType.STOP_TASK, w.key, reason, submission_id=w.submission_id, preempted_by=by, preemption=why
         )
-    reason = f"Preempted by {by} ({why}): scaled down to {w.replicas} replicas (its min_replicas is the floor)"
+    floor = (
+        "its team holds more work that cannot be preempted than its nominal quota: only what fits it is protected"
+        if w.beyond
+        else "its min_replicas is the floor"
+    )
+    reason = f"Preempted by {by} ({why}): scaled down to {w.replicas} replicas ({floor})"
     return Action(
         ActionType.SCALE_MODEL,
         w.key,

@@ -12,6 +12,11 @@ users in no team share one queue (``NO_TEAM``) with nominal quota 0, so all it r
 - **Borrowing limit**: a team never uses more than nominal + borrowing limit.
 - **Fair share**: a queue's dominant-resource share is its largest use beyond nominal, as a
   fraction of the pool, divided by its weight.
+- **Firm work**: GPUs held by work reclaim can never stop (a model's replicas up to its
+  ``min_replicas``, every replica of a model that may not be preempted at all). Everything that
+  borrows must be reclaimable, so a team's firm work fits its nominal quota and the firm work of
+  users in no team fits the capacity in no team's quota: then reclaiming every borrower's
+  reclaimable work always gives a team its nominal quota back. Kept only while reclaim is on.
 - **Nodes**: when Ray reports resources per node, the ledger also keeps each node's free
   resources, and admitted work takes its parts from specific nodes
   (:mod:`reconciler.plan.placement`), so two objects admitted in one tick are never both
@@ -27,8 +32,18 @@ from dataclasses import dataclass, field
 
 from reconciler.plan.actual import ActualModel, ActualState, Capacity, NodeCapacity, sub
 from reconciler.plan.placement import FreeNodes, Part, pack, short_on_nodes, task_parts
-from reconciler.spec.hashing import task_spec_hash
-from reconciler.spec.types import GPU, NO_TEAM, QUOTA_RESOURCES, SLOTS, ClusterSpec, DesiredState, Team
+from reconciler.spec.hashing import model_spec_hash, task_spec_hash
+from reconciler.spec.types import (
+    GPU,
+    NO_TEAM,
+    QUOTA_RESOURCES,
+    SLOTS,
+    ClusterSpec,
+    DesiredState,
+    ModelSpec,
+    ObjectKey,
+    Team,
+)
 
 EPS = 1e-9
 
@@ -55,6 +70,60 @@ def model_gpus(model: ActualModel) -> float:
     return float(recorded) if isinstance(recorded, int | float) and not isinstance(recorded, bool) else 0.0
 
 
+def protected_replicas(model: ModelSpec | None, replicas: int, cluster: ClusterSpec) -> int:
+    """How many of a model's ``replicas`` preemption never stops: those up to its
+    ``min_replicas``, or all of them when it may not be preempted at all (``preemption.models``
+    off, no ``min_replicas``, a ``source: task:`` model, or no valid file to say)."""
+    if model is None or not cluster.preemption.models or model.min_replicas is None or model.source_task:
+        return replicas
+    return min(replicas, model.min_replicas)
+
+
+def protection(model: ModelSpec, cluster: ClusterSpec) -> str:
+    """Why some of ``model``'s replicas are never preempted, in words."""
+    if model.source_task:
+        return "a `source: task:` model is never preempted"
+    if not cluster.preemption.models:
+        return "models are never preempted without `preemption.models: true`"
+    if model.min_replicas is None:
+        return "a model without `min_replicas` is never preempted"
+    return f"its `min_replicas: {model.min_replicas}` are never preempted"
+
+
+def firm_limit(cluster: ClusterSpec, group: str, total: Mapping[str, float]) -> float | None:
+    """The most GPUs work of queue ``group`` that reclaim cannot stop may hold: a team's nominal
+    quota; for users in no team the capacity in no team's quota (None: the cluster's size is
+    unknown)."""
+    team = cluster.teams.get(group)
+    if team is not None:
+        return team.nominal.get(GPU, 0.0)
+    size = total.get(GPU) if total else None
+    return None if size is None else max(0.0, size - sum(t.nominal.get(GPU, 0.0) for t in cluster.teams.values()))
+
+
+def firm_over(cluster: ClusterSpec, user: str, firm: float, why: str, total: Mapping[str, float]) -> str | None:
+    """Why ``firm`` GPUs of ``user``'s that reclaim cannot stop (``why``: :func:`protection`)
+    can never run, else None (and None whenever the rule is off: :func:`firm_rule`)."""
+    if not firm_rule(cluster) or firm <= EPS:
+        return None
+    group = cluster.team_of(user)
+    limit = firm_limit(cluster, group, total)
+    if limit is None or firm <= limit + EPS:
+        return None
+    where = (
+        f"team {group}'s nominal quota is {limit:g} GPU"
+        if group
+        else f"users in no team hold such work only on the capacity in no team's quota ({limit:g} GPU)"
+    )
+    return f"needs {firm:g} GPU that cannot be preempted ({why}) but {where}: only work that can be preempted borrows"
+
+
+def firm_rule(cluster: ClusterSpec) -> bool:
+    """Whether work that cannot be preempted is kept within nominal quota: teams share GPUs and
+    reclaim is on (with ``reclaim: Never`` nothing borrowed comes back by preemption anyway)."""
+    return cluster.preemption.reclaim != "Never" and any(GPU in t.nominal for t in cluster.teams.values())
+
+
 def driver_slots(cluster: ClusterSpec, total: Mapping[str, float]) -> float | None:
     """How many drivers the cluster can hold at once; None when unknown or unlimited."""
     per = {r: v for r, v in cluster.training.driver_resources.items() if v > 0}
@@ -66,7 +135,8 @@ def driver_slots(cluster: ClusterSpec, total: Mapping[str, float]) -> float | No
 @dataclass(frozen=True)
 class Short:
     """Why a request does not fit now: ``kind`` is user | borrowing | pool | capacity | node
-    (the summed free resources suffice, but not on single nodes)."""
+    (the summed free resources suffice, but not on single nodes) | firm (work that cannot be
+    preempted beyond what its queue may hold of it)."""
 
     kind: str
     reason: str
@@ -92,6 +162,12 @@ class Ledger:
     # Free resources per node (node id -> resources); None: Ray did not report nodes.
     nodes: FreeNodes | None = None
     node_totals: dict[str, dict[str, float]] = field(default_factory=dict)
+    # GPUs of work reclaim cannot stop, per queue and per running model (:func:`firm_rule`; empty when off).
+    firm: dict[str, float] = field(default_factory=dict)
+    firm_models: dict[ObjectKey, float] = field(default_factory=dict)
+    # Running models whose protected replicas were capped to fit their queue (:meth:`_cap_firm`):
+    # the replicas preemption may not stop.
+    floors: dict[ObjectKey, int] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -105,6 +181,8 @@ class Ledger:
         ledger = cls(cluster, bool(capacity.total or capacity.available), {}, {}, capacity.total)
         pending: list[Part] = []
         per_node = bool(capacity.nodes)
+        guard = firm_rule(cluster)
+        cappable: list[tuple[ActualModel, ModelSpec, int]] = []
         # Plain loops: at 10,000 owned objects, building per-object dicts dominated the re-plan time.
         for model in actual.models.values():
             waiting = max(0, model.replicas - model.ready_replicas)
@@ -115,6 +193,8 @@ class Ledger:
             if waiting and per_node:
                 pending.extend(model.resources_per_replica for _ in range(waiting))
             ledger._count(model.key.user, {GPU: model_gpus(model) * model.replicas}, 1.0)
+            if guard:
+                ledger._count_firm(model, desired.models.get(model.key) if desired is not None else None, cappable)
         for job in actual.jobs:
             if not job.active:
                 continue
@@ -130,10 +210,55 @@ class Ledger:
         ledger.avail = sub(capacity.available, unplaced)
         ledger.cap = sub(capacity.total, committed)
         ledger.pool = ledger._pool()
+        if cappable:
+            ledger._cap_firm(cappable)
         ledger.managed = tuple(r for r in QUOTA_RESOURCES if any(r in t.nominal for t in cluster.teams.values()))
         if per_node:
             ledger._nodes_of(capacity.nodes, pending)
         return ledger
+
+    def _count_firm(
+        self, model: ActualModel, spec: ModelSpec | None, cappable: list[tuple[ActualModel, ModelSpec, int]]
+    ) -> None:
+        """Count the GPUs of running ``model`` (``spec``: its file's) that reclaim cannot stop; a
+        model preemption can scale down goes to ``cappable`` too (:meth:`_cap_firm`)."""
+        # A model running another spec than its file's is replaced by this plan (or keeps running
+        # while its update waits): none of it is preempted, so all of it is firm.
+        if spec is not None and not spec.source_task and model.spec_hash != model_spec_hash(spec, self.cluster):
+            spec = None
+        replicas = protected_replicas(spec, model.replicas, self.cluster)
+        firm = replicas * model_gpus(model)
+        if firm:
+            self.firm_models[model.key] = firm
+            group = self.cluster.team_of(model.key.user)
+            self.firm[group] = self.firm.get(group, 0.0) + firm
+            if spec is not None and not spec.source_task and self.cluster.preemption.models:
+                cappable.append((model, spec, replicas))
+
+    def _cap_firm(self, cappable: list[tuple[ActualModel, ModelSpec, int]]) -> None:
+        """Keep each queue's firm GPUs within what it may hold (:func:`firm_limit`). Admission
+        keeps them there, but a file may raise or drop ``min_replicas`` without a restart (it
+        is not in the spec hash), and the admin may lower a quota: protection past the limit
+        would shield borrowed GPUs for good. Of the models preemption can scale down, the
+        highest priority, then the oldest, keep their protected replicas first; the others'
+        are left to reclaim (never to their own team's preemption)."""
+        groups: dict[str, list[tuple[ActualModel, ModelSpec, int]]] = {}
+        for item in cappable:
+            groups.setdefault(self.cluster.team_of(item[0].key.user), []).append(item)
+        for group, items in groups.items():
+            limit = firm_limit(self.cluster, group, self.total)
+            held = self.firm.get(group, 0.0)
+            if limit is None or held <= limit + EPS:
+                continue
+            left = limit - (held - sum(n * model_gpus(m) for m, _s, n in items))
+            items.sort(key=lambda i: (-self.cluster.priority_value("model", i[1].priority), i[1].created_at, i[0].key))
+            for model, _spec, replicas in items:
+                per = model_gpus(model)
+                keep = min(replicas, max(0, math.floor(left / per + EPS)))
+                left -= keep * per
+                self.floors[model.key] = keep
+                self.firm_models[model.key] = keep * per
+                self.firm[group] -= (replicas - keep) * per
 
     def _nodes_of(self, nodes: tuple[NodeCapacity, ...], pending: list[Part]) -> None:
         self.nodes = FreeNodes({n.node_id: dict(n.available) for n in nodes})
@@ -184,12 +309,36 @@ class Ledger:
         use, team = self.use.get(group, {}), self.team(group)
         return any(use.get(r, 0.0) > team.nominal.get(r, 0.0) + EPS for r in self.managed)
 
-    def within_nominal(self, group: str, amount: Mapping[str, float]) -> bool:
-        """True when ``group`` stays within its nominal quota after taking ``amount``."""
+    def within_nominal(self, group: str, amount: Mapping[str, float], freed: Mapping[str, float] | None = None) -> bool:
+        """True when ``group`` stays within its nominal quota after taking ``amount`` (once it
+        has given back ``freed``)."""
         if group == NO_TEAM or not self.managed:
             return False
-        use, team = self.use.get(group, {}), self.team(group)
-        return all(use.get(r, 0.0) + amount.get(r, 0.0) <= team.nominal.get(r, 0.0) + EPS for r in self.managed)
+        use, team, less = self.use.get(group, {}), self.team(group), freed or {}
+        return all(
+            use.get(r, 0.0) - less.get(r, 0.0) + amount.get(r, 0.0) <= team.nominal.get(r, 0.0) + EPS
+            for r in self.managed
+        )
+
+    def firm_short(self, user: str, firm: float, why: str) -> Short | None:
+        """Why ``firm`` more GPUs of ``user``'s that reclaim cannot stop (``why``:
+        :func:`protection`) do not fit what its queue may hold of such work now, else None."""
+        if firm <= EPS or not firm_rule(self.cluster):
+            return None
+        group = self.cluster.team_of(user)
+        limit = firm_limit(self.cluster, group, self.total)
+        held = self.firm.get(group, 0.0)
+        if limit is None or held + firm <= limit + EPS:
+            return None
+        if group:
+            where = f"team {group} holds {held:g} GPU of such work of nominal {limit:g}"
+        else:
+            where = f"users in no team hold {held:g} GPU of such work of the {limit:g} GPU in no team's quota"
+        why = (
+            f"WaitingForQuota: needs {firm:g} GPU that cannot be preempted ({why}), and only work that can "
+            f"be preempted borrows: {where}"
+        )
+        return Short("firm", why, (GPU,))
 
     def share(self, group: str, amount: Mapping[str, float] | None = None) -> float:
         """Dominant-resource share of ``group`` (with ``amount`` more), divided by its weight."""
@@ -236,10 +385,9 @@ class Ledger:
                 nominal = team.nominal.get(r, 0.0)
                 why = f"WaitingForQuota: {who} uses {use.get(r, 0.0):g} {_unit(r)} of nominal {nominal:g}; "
                 if self.within_nominal(group, amount):
+                    # What becomes of the lent quota is the caller's to say (:func:`reclaim_outlook`).
                     lenders = [g or "users in no team" for g in sorted(self.use) if g != group and self.borrowing(g)]
-                    why += (
-                        f"its idle quota is lent to {', '.join(lenders) or 'others'} (reclaimed when preemption allows)"
-                    )
+                    why += f"its idle quota is lent to {', '.join(lenders) or 'others'}"
                 else:
                     why += (
                         f"nothing left to borrow in the cohort ({self.pool_use(r):g} of "
@@ -273,8 +421,13 @@ class Ledger:
         return self.pool_use(resource, group, amount) > size + EPS
 
     # -- updates ------------------------------------------------------------------------
-    def take(self, user: str, amount: Mapping[str, float], demand: Mapping[str, float]) -> None:
+    def take(self, user: str, amount: Mapping[str, float], demand: Mapping[str, float], firm: float = 0.0) -> None:
+        """Count ``amount`` of quota (``firm`` GPUs of it reclaim cannot stop) and ``demand`` of Ray
+        resources as ``user``'s."""
         self._count(user, amount, 1.0)
+        if firm:
+            group = self.cluster.team_of(user)
+            self.firm[group] = self.firm.get(group, 0.0) + firm
         for r, v in demand.items():
             self.avail[r] = self.avail.get(r, 0.0) - v
             self.cap[r] = self.cap.get(r, 0.0) - v

@@ -487,6 +487,9 @@ def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
         teams=teams,
         priority_classes={k: int(v) for k, v in (data.get("priority_classes") or {}).items()},
         default_priority={kind: defaults[kind + "s"] for kind in ("model", "task") if kind + "s" in defaults},
+        no_team_priority_classes=(
+            tuple(data["no_team_priority_classes"]) if "no_team_priority_classes" in data else None
+        ),
         preemption=Preemption(**data.get("preemption", {})),
         users=users,
         paths=paths,
@@ -526,6 +529,9 @@ def scheduling_issues(cluster: ClusterSpec, doc: Document) -> list[Issue]:
     for kind, cls in sorted(cluster.default_priority.items()):
         if cls not in classes:
             out.append(_at(doc, ("default_priority", kind + "s"), f"no priority class {cls!r}"))
+    for i, cls in enumerate(cluster.no_team_priority_classes or ()):
+        if cls not in classes:
+            out.append(_at(doc, ("no_team_priority_classes", i), f"no priority class {cls!r}"))
     return out
 
 
@@ -539,9 +545,18 @@ def priority_issue(doc: Document, cluster: ClusterSpec, user: str, kind: str, ch
         known = ", ".join(sorted(cluster.priority_classes)) or "none are declared"
         return _at(doc, where, f"no priority class {name!r} in cluster.yaml ({known})")
     team = cluster.teams.get(cluster.team_of(user))
-    if team is not None and team.priority_classes is not None and name not in team.priority_classes:
-        allowed = ", ".join(team.priority_classes) or "none"
-        return _at(doc, where, f"team {team.name!r} may not use priority class {name!r} (it may use: {allowed})")
+    if team is not None:
+        if team.priority_classes is not None and name not in team.priority_classes:
+            allowed = ", ".join(team.priority_classes) or "none"
+            return _at(doc, where, f"team {team.name!r} may not use priority class {name!r} (it may use: {allowed})")
+        return None
+    # A user in no team shares one queue with every other such user: an open choice of class
+    # would let her preempt their work with a class no team of hers was granted.
+    free = cluster.no_team_classes(kind)
+    if free is not None and name not in free:
+        allowed = ", ".join(free) or "none"
+        why = f"{user} is in no team and may not use priority class {name!r} (users in no team may use: {allowed}"
+        return _at(doc, where, f"{why}; `no_team_priority_classes` in cluster.yaml)")
     return None
 
 

@@ -205,6 +205,9 @@ class ClusterSpec:
     teams: Mapping[str, Team] = field(default_factory=dict)
     priority_classes: Mapping[str, int] = field(default_factory=dict)  # name -> value
     default_priority: Mapping[str, str] = field(default_factory=dict)  # "model"/"task" -> class name
+    # The classes users in no team may use; None: with teams, each kind's default class only
+    # (:meth:`no_team_classes`); without teams, every class.
+    no_team_priority_classes: tuple[str, ...] | None = None
     preemption: Preemption = field(default_factory=Preemption)
     storage: Storage = field(default_factory=Storage)
 
@@ -226,6 +229,18 @@ class ClusterSpec:
             memo = {m: t.name for t in self.teams.values() for m in t.members}
             object.__setattr__(self, "_argus_members", memo)  # frozen: memoised like a cached property
         return memo.get(user, NO_TEAM)
+
+    def no_team_classes(self, kind: str) -> tuple[str, ...] | None:
+        """The priority classes a user in no team may use for an object of ``kind`` ("model" or
+        "task"); None: any. The admin's ``no_team_priority_classes``, else with teams declared
+        only the kind's default class (none when it has none), else (no teams: everyone is in
+        no team) any."""
+        if self.no_team_priority_classes is not None:
+            return self.no_team_priority_classes
+        if not self.teams:
+            return None
+        default = self.default_priority.get(kind)
+        return (default,) if default else ()
 
     def priority_value(self, kind: str, name: str | None) -> int:
         """The value of priority class ``name`` (or the kind's default); 0 when none is declared."""

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from reconciler.plan.actions import Action, ActionType, Plan
 from reconciler.plan.actual import ActualModel, ActualState, Capacity
 from reconciler.plan.admission import unschedulable
 from reconciler.plan.assess import assess
 from reconciler.plan.diff import MAX_VALUE, field_diff, summarise
 from reconciler.plan.planner import plan
-from reconciler.spec.types import ClusterSpec, DesiredState, ModelSpec, ObjectKey, UserPolicy
+from reconciler.spec.types import ClusterSpec, DesiredState, ModelSpec, ObjectKey, Preemption, Team, UserPolicy
 from tests import support
 
 CHAT = ObjectKey("alice", "model", "chat")
@@ -67,6 +69,36 @@ def test_unschedulable_state_and_validate_warning() -> None:
     assert unschedulable(DesiredState(ClusterSpec(), tasks={big.key: big}), {"GPU": 2, "worker_node": 1}) == [
         (big.key, "needs 4 GPU, 1 worker_node but the whole cluster has 2 GPU")
     ]
+
+
+def test_validate_reports_a_model_that_could_only_run_by_borrowing_what_is_never_reclaimed() -> None:
+    """argus validate/plan: a model that can never be preempted and is larger than its team's nominal
+    quota (or, for a user in no team, than the capacity in no team's quota) can never run; with
+    min_replicas (and model preemption on) only the floor counts."""
+    teams = {"research": Team("research", ("alice",), {"GPU": 4.0}), "product": Team("product", ("bob",), {"GPU": 2.0})}
+    cluster = ClusterSpec(teams=teams, preemption=Preemption(models=True))
+    big = model(replicas=4, gpus=2)
+    desired = DesiredState(cluster, models={CHAT: big})
+    assert unschedulable(desired) == [
+        (
+            CHAT,
+            "needs 8 GPU that cannot be preempted (a model without `min_replicas` is never preempted) but team "
+            "research's nominal quota is 4 GPU: only work that can be preempted borrows",
+        )
+    ]
+    assert unschedulable(DesiredState(cluster, models={CHAT: replace(big, min_replicas=2)})) == []
+    assert unschedulable(DesiredState(cluster, models={CHAT: replace(big, min_replicas=3)}))  # 6 GPUs firm
+    off = replace(cluster, preemption=Preemption(models=False))
+    assert (
+        "without `preemption.models: true`"
+        in unschedulable(DesiredState(off, models={CHAT: replace(big, min_replicas=1)}))[0][1]
+    )
+    assert unschedulable(DesiredState(replace(off, preemption=Preemption(reclaim="Never")), models={CHAT: big})) == []
+    # A user in no team: offline the capacity outside the teams' quotas is unknown; with it, 2 GPUs.
+    carl = replace(big, key=ObjectKey("carl", "model", "chat"))
+    assert unschedulable(DesiredState(cluster, models={carl.key: carl})) == []
+    (why,) = unschedulable(DesiredState(cluster, models={carl.key: carl}), {"GPU": 8.0})
+    assert why[1].endswith("on the capacity in no team's quota (2 GPU): only work that can be preempted borrows")
 
 
 def test_held_is_a_flag_not_a_word_in_the_reason() -> None:
