@@ -269,12 +269,13 @@ class Applier:
         PUT carries every other application."""
         changing = (ActionType.UPDATE_MODEL, ActionType.SCALE_MODEL, ActionType.DEPLOY_MODEL)
         held = held or {}
-        # A preempted model runs fewer replicas than its file asks for until there is room again.
-        # One whose preemption is held keeps running as it runs (carried through below).
+        # A preempted model runs fewer replicas than its file asks for until there is room again;
+        # preempted down to none, its application leaves Serve (as a stop does), or its GPUs are
+        # never freed. One whose preemption is held keeps running as it runs (carried through below).
         preempted = {
             a.key: a.replicas
             for a in plan.of(ActionType.SCALE_MODEL)
-            if a.preempted_by and a.replicas and a.key not in held
+            if a.preempted_by and a.replicas is not None and a.key not in held
         }
         apps: dict[str, dict[str, Any]] = {}
         holders: dict[str, ObjectKey] = {}
@@ -282,7 +283,7 @@ class Applier:
         changes: list[tuple[ObjectKey, Any]] = []
         for key in sorted(set(actual.models) | {a.key for a in plan.of(*changing)}):
             by_type = {a.type: a for a in plan.for_key(key)}
-            if ActionType.DELETE_MODEL in by_type or ActionType.STOP_MODEL in by_type:
+            if ActionType.DELETE_MODEL in by_type or ActionType.STOP_MODEL in by_type or preempted.get(key) == 0:
                 touched.append(key)
                 continue
             change = next((by_type[t] for t in changing if t in by_type), None)
@@ -305,7 +306,7 @@ class Applier:
             try:
                 model = desired.models[key]
                 if key in preempted:
-                    model = replace(model, replicas=preempted[key] or model.replicas)
+                    model = replace(model, replicas=preempted[key])
                 app = model_app_config(model, desired.cluster, change.source_path, change.spec_hash or "")
                 json.dumps(app)  # what the PUT sends must be JSON: fail this model, not the PUT
             except Exception as exc:

@@ -4,6 +4,7 @@ run PREEMPTED *and* the object that preempted it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +113,33 @@ def test_a_daemon_restarted_while_the_stop_lands_still_resumes_the_run(tmp_path:
         second.run_once()
     doc = read_documents(str(repo.bare), "argus/status")[TASK]
     assert [r["submission_id"] for r in doc["runs"]][-1].endswith("--2"), doc["runs"]  # resumed, not lost
+
+
+def test_a_model_preempted_down_to_no_replicas_leaves_serve_and_is_recorded(tmp_path: Path) -> None:
+    """alice's model (min_replicas 0) borrows product's idle GPU; bob's model reclaims it. The
+    scale-down to 0 must take alice's application out of Serve (freeing the GPU), not rebuild it at
+    the file's size, and her model's document must say who preempted it."""
+    repo = ConfigRepo(tmp_path)
+    cluster = two_teams(tmp_path / "hf", tmp_path / "users", 8000)
+    cluster["teams"]["research"]["quota"] = {"gpus": 0}
+    cluster["preemption"] = {"models": True}
+    repo.write("cluster.yaml", cluster)
+    alice_model = "users/alice/models/chat.yaml"
+    repo.write(alice_model, model_yaml(str(tmp_path / "hf" / "tiny"), replicas=1, min_replicas=0))
+    repo.commit_push("alice's model borrows product's idle GPU")
+    ray = FakeRay(gpus=1)
+    daemon = _daemon(repo, ray)
+    daemon.run_once()
+    assert any(a.startswith("argus--alice--") for a in ray.apps), sorted(ray.apps)
+    _reclaim(repo, tmp_path)
+    for _ in range(3):
+        daemon.run_once()
+    assert not any(a.startswith("argus--alice--") for a in ray.apps), f"alice's app still in Serve: {sorted(ray.apps)}"
+    assert any(a.startswith("argus--bob--") for a in ray.apps), sorted(ray.apps)
+    alice_doc = read_documents(str(repo.bare), "argus/status")[alice_model]
+    assert alice_doc.get("preempted_by") == "bob/models/chat", json.dumps(alice_doc)[:2000]
+    repo.remove(MODEL)
+    repo.commit_push("bob deletes his model")
+    for _ in range(3):
+        daemon.run_once()
+    assert any(a.startswith("argus--alice--") for a in ray.apps), f"alice's model never came back: {sorted(ray.apps)}"
