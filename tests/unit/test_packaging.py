@@ -12,6 +12,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -580,6 +582,86 @@ def test_the_daemons_groups_are_the_repositorys_and_the_homes(tmp_path: Path) ->
     # A remote repository (a URL) has no group here; a missing users folder has none either.
     assert groups(ARGUS_REPO="ssh://git@host/x.git", ARGUS_USERS_DIR=str(users)) == "20000,20001"
     assert groups(ARGUS_REPO=str(repo), ARGUS_USERS_DIR=str(tmp_path / "none")) == "1000"
+
+
+def test_the_daemon_runs_as_its_user_and_restarts_for_a_new_home() -> None:
+    """`argus-node daemon` for real (root only), with a stand-in `argus` on PATH and `nobody` as the daemon's
+    user: the stand-in runs as that uid with the homes' groups and no capabilities, reads its own copy of the
+    Ray token, finds its state folder its own and the allowed signers root's; a new home restarts it with
+    that home's group; TERM stops both."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("argus-node daemon starts as root and drops with setpriv")
+    base = Path(tempfile.mkdtemp(prefix="argus-node-daemon-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        (bin_dir := base / "bin").mkdir()
+        out = base / "out"
+        out.write_text("")
+        out.chmod(0o666)
+        fake = bin_dir / "argus"
+        fake.write_text(
+            "#!/bin/sh\n"
+            f'echo "$(id -u) $(id -G | tr " " ,) $(grep CapEff /proc/self/status | cut -f2) '
+            f'$(cat "$RAY_AUTH_TOKEN_PATH") $HOME $$" >> {out}\n'
+            "exec sleep 300\n"
+        )
+        fake.chmod(0o755)
+        users, repo, state, run = base / "users", base / "config.git", base / "state", base / "run"
+        for folder in (users, repo, state / "sub", base / "keys"):
+            folder.mkdir(parents=True)
+        os.chown(repo, 0, 1000)
+        (users / "alice").mkdir()
+        os.chown(users / "alice", 1000, 20005)
+        (state / "sub" / "ownership.key").write_text("k")
+        os.chown(state / "sub" / "ownership.key", 1000, 1000)  # an older install: Ray's uid
+        token = base / "token"
+        token.write_text("tok3n\n")
+        token.chmod(0o400)
+        (base / "keys" / "alice.pub").write_text("ssh-ed25519 AAAAa alice\n")
+        env = {
+            "PATH": f"{bin_dir}:/usr/bin:/bin",
+            "ARGUS_DAEMON_USER": "nobody",
+            "ARGUS_DAEMON_RUN_DIR": str(run),
+            "ARGUS_CACHE_DIR": str(state),
+            "ARGUS_REPO": str(repo),
+            "ARGUS_USERS_DIR": str(users),
+            "ARGUS_KEYS_DIR": str(base / "keys"),
+            "ARGUS_ALLOWED_SIGNERS": str(run / "allowed_signers"),
+            "RAY_AUTH_TOKEN_PATH": str(token),
+        }
+        proc = subprocess.Popen(
+            ["bash", str(NODE / "argus-node"), "daemon"], env=env, stderr=subprocess.PIPE, text=True
+        )
+
+        def lines(n: int) -> list[str]:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                got = out.read_text().splitlines()
+                if len(got) >= n:
+                    return got
+                time.sleep(0.2)
+            raise AssertionError(f"the stand-in started {len(out.read_text().splitlines())} times, not {n}")
+
+        try:
+            uid, groups, caps, tok, home, _ = lines(1)[0].split()
+            assert uid == "65534" and groups.split(",")[1:] == ["1000", "20005"], groups
+            assert int(caps, 16) == 0 and tok == "tok3n" and home == "/nonexistent"
+            copy = run / "ray_auth_token"
+            assert copy.stat().st_uid == 65534 and copy.stat().st_mode & 0o777 == 0o400
+            assert all(f.stat().st_uid == 65534 for f in (state, state / "sub", state / "sub" / "ownership.key"))
+            signers = run / "allowed_signers"
+            assert signers.read_text() == "alice ssh-ed25519 AAAAa alice\n" and signers.stat().st_uid == 0
+            assert run.stat().st_uid == 0 and run.stat().st_mode & 0o777 == 0o750
+            (users / "bob").mkdir()
+            os.chown(users / "bob", 1000, 20006)
+            assert lines(2)[1].split()[1].split(",")[1:] == ["1000", "20005", "20006"], "restarted with bob's group"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+        pids = [line.split()[-1] for line in out.read_text().splitlines()]
+        assert len(pids) == 2 and not [p for p in pids if Path(f"/proc/{p}").exists()], "an argus left running"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_sftp_config_confines_every_session() -> None:
