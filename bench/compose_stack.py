@@ -1,12 +1,12 @@
 """Figures of the compose stack (CPU profile) on this machine: build and up times, image sizes, the time from
 ``up`` to the first model RUNNING, push -> RUNNING through the git container (SSH) vs through the local
-bare repository (a push from inside the head to /srv/git/config.git), same model, same run, both once
+bare repository (a push from inside the daemon's container to /srv/git/config.git), same model, same run, both once
 Serve and the router run (cluster.yaml is pushed first); then, with the
 bench's stack down, how long tests/e2e/test_compose_stack.py takes (``pytest --durations=0``, CI=true): what
 the compose test adds to ``make test``.
 
 Needs root (a private dockerd, as tests/e2e/test_compose_stack.py, reusing its layer cache). Signing is
-turned off for the bench's stack so that the head's own push needs no user key; everything else is the
+turned off for the bench's stack so that the local push needs no user key; everything else is the
 test's stack. From a fresh clone: ``make bench-compose`` (the venv, the Debian packages, then this, niced).
 
 Usage: .venv/bin/python bench/compose_stack.py [--keep] [--no-compose-test] [--out FILE.json]
@@ -165,14 +165,15 @@ def main() -> int:
         wait_for(lambda: running(work, stack, "users/alice/models/ssh.yaml"), "ssh model", timeout=900, every=2)
         figures["push_to_running_ssh_s"] = round(time.monotonic() - pushed, 1)
         figures["up_to_first_model_running_s"] = round(time.monotonic() - up, 1)
-        # The same model under another name, pushed from inside the head straight into the bare repository.
+        # The same model under another name, pushed from inside the daemon's container (as the daemon's user, the
+        # only one there that writes the repository) straight into the bare repository.
         script = (
             "set -e; cd /tmp && rm -rf w && git clone -q /srv/git/config.git w && cd w && "
             "cp users/alice/models/ssh.yaml users/alice/models/local.yaml && git add -A && "
             "git -c user.name=alice -c user.email=a@x commit -q -m local && git push -q origin main"
         )
         local = time.monotonic()
-        stack.exec("head", "bash", "-c", script)
+        stack.exec("argus", "argus-node", "bash", "-c", script)
         wait_for(lambda: running(work, stack, "users/alice/models/local.yaml"), "local model", timeout=900, every=2)
         figures["push_to_running_local_bare_s"] = round(time.monotonic() - local, 1)
         sizes = daemon.docker("image", "ls", "--format", "{{.Repository}}:{{.Tag}}={{.Size}}").stdout.split()

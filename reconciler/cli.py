@@ -50,7 +50,7 @@ examples:
   argus validate . --offline             skip checks that need the cluster's file system
   argus plan . --actual actual.json --format markdown   preview a pull request
   argus render alice/tasks/gsm8k .       what the task will run (verl argv, env, resources)
-  docker compose exec head argus doctor  check an installation, one line per part
+  docker compose exec argus argus-node argus doctor   check an installation, one line per part
 """
 
 
@@ -813,11 +813,11 @@ def build_parser() -> argparse.ArgumentParser:
     dr = sub.add_parser(
         "doctor",
         help="check an installation: one line per part, ok or FAIL with what to do",
-        description="Check, where the daemon runs (compose: `docker compose exec head argus doctor`), with the "
-        "daemon's own settings: the Ray dashboard and its token, the Jobs API, Serve and the router, the OpenAI "
-        "endpoint, the config repository and its branch, the status branch, the daemon's /healthz, the state "
-        "folder, the ownership key, signing, GPUs and driver slots per node, and the users' homes. Every probe "
-        "has a time limit. Exit 1 when any check fails.",
+        description="Check, where the daemon runs (compose: `docker compose exec argus argus-node argus doctor`), "
+        "with the daemon's own settings: the Ray dashboard and its token, the Jobs API, Serve and the router, "
+        "the OpenAI endpoint, the config repository and its branch, the status branch, the daemon's /healthz, "
+        "the state folder, the ownership key, signing, GPUs and driver slots per node, and the users' homes. "
+        "Every probe has a time limit. Exit 1 when any check fails.",
     )
     dr.add_argument("--repo", default=_env("REPO"), help="config repository [ARGUS_REPO]")
     dr.add_argument("--branch", default=_env("BRANCH", "main"), help="deployed branch [ARGUS_BRANCH]")

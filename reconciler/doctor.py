@@ -1,7 +1,7 @@
 """``argus doctor``: one line per part of an installation, ok or FAIL with what to do. I/O.
 
-Run where the daemon runs (the compose stack's head: ``docker compose exec head argus doctor``); it reads
-the same ``ARGUS_*`` settings as ``argus run``. Each check runs in its own daemon thread and is given
+Run where the daemon runs, as the daemon (compose: ``docker compose exec argus argus-node argus doctor``); it
+reads the same ``ARGUS_*`` settings as ``argus run``. Each check runs in its own daemon thread and is given
 ``timeout`` seconds: a wedged component (a dashboard that accepts the connection and never answers, a git
 server that stalls) is reported as FAIL, it never hangs the command. Nothing is changed anywhere, except
 one empty probe file created and removed in the state folder.
@@ -231,7 +231,7 @@ def check_status_branch(settings: Settings) -> str:
     if not is_local(repo):
         if not _git(settings, "ls-remote", repo, ref).strip():
             raise CheckFailed(
-                f"{repo} has no {settings.status_branch}", "the daemon has not pushed it: docker compose logs head"
+                f"{repo} has no {settings.status_branch}", "the daemon has not pushed it: docker compose logs argus"
             )
         return f"{settings.status_branch} present on {repo} (the daemon pushes it)"
     out = _git(settings, "-C", repo, "for-each-ref", "--format=%(committerdate:unix)", ref).strip()
@@ -248,7 +248,7 @@ def check_status_branch(settings: Settings) -> str:
     if not out:
         raise CheckFailed(
             f"{repo} has no {settings.status_branch}",
-            "the daemon writes it after its first tick on a valid branch: see docker compose logs head",
+            "the daemon writes it after its first tick on a valid branch: see docker compose logs argus",
         )
     git_dir = _git(settings, "-C", repo, "rev-parse", "--absolute-git-dir").strip()
     if not os.access(posixpath.join(git_dir, "refs"), os.W_OK | os.X_OK):
@@ -265,9 +265,10 @@ def check_healthz(settings: Settings) -> str:
     try:
         status, body = _get(url, settings.timeout)
     except OSError as exc:
-        raise CheckFailed(f"{url}: {exc}", "the daemon is not running: docker compose logs head") from exc
+        raise CheckFailed(f"{url}: {exc}", "the daemon is not running: docker compose logs argus") from exc
     if status != 200:
-        raise CheckFailed(f"{url}: HTTP {status} {body[:300].decode(errors='replace')}", "see docker compose logs head")
+        detail = body[:300].decode(errors="replace")
+        raise CheckFailed(f"{url}: HTTP {status} {detail}", "see docker compose logs argus")
     return f"{url} 200"
 
 

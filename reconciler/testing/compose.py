@@ -116,6 +116,8 @@ class Stack:
     project: str = field(default_factory=lambda: f"argus-e2e-{secrets.token_hex(3)}")
     ports: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    # A secret only the daemon holds (its .env): the compose test looks for it where jobs run.
+    webhook_secret: str = field(default_factory=lambda: secrets.token_hex(24))
 
     def __post_init__(self) -> None:
         if not self.ports:
@@ -143,6 +145,7 @@ class Stack:
             f"ARGUS_KEYS_DIR={self.root / 'keys'}",
             f"ARGUS_RAY_TOKEN_FILE={self.root / 'secrets' / 'ray_auth_token'}",
             f"ARGUS_ADMINS={admins}",
+            f"ARGUS_WEBHOOK_SECRET={self.webhook_secret}",
             f"ARGUS_PUBLIC_ENDPOINT=http://127.0.0.1:{self.ports['ARGUS_OPENAI_PORT']}/v1",
             "ARGUS_SHM_SIZE=1gb",
             "ARGUS_CPU_WORKER_GPUS=2",

@@ -1,7 +1,9 @@
 """The compose stack users deploy, built and run for real: Debian's docker.io and docker-compose 1.29, a
 private dockerd, Debian bases made with debootstrap, the three images built (the CPU variant of the Ray node),
 and the CPU profile up on free ports. Everything after that goes through the interfaces users have: git and
-sftp over SSH to the containers, the OpenAI endpoint, the status branch, the status page, ``argus logs``.
+sftp over SSH to the containers, the OpenAI endpoint, the status branch, the status page, ``argus logs``;
+and what a hostile job does with the Ray token it holds: run code on the head, where it finds nothing of the
+daemon's (:mod:`reconciler.testing.boundary_probe`).
 
 The steps share one stack and run in file order; each is its own test so that a report says which step
 fails. It stops exactly the project it started (containers, networks, volumes) and the daemon if it
@@ -11,8 +13,10 @@ Timings of the build and of each step are written to $ARGUS_COMPOSE_TIMINGS when
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -36,6 +40,16 @@ STATUS = "argus/status"
 MODEL_A = "users/alice/models/chat.yaml"
 MODEL_B = "users/bob/models/chat.yaml"
 TASK = "users/alice/tasks/read-data.yaml"
+PROBE_TASK = "users/alice/tasks/probe-head.yaml"
+# What a job tries from the head (reconciler.testing.boundary_probe): each is its own step and its own test.
+PROBE_STEPS = (
+    "ownership_key",
+    "daemon_environment",
+    "git_repository",
+    "allowed_signers",
+    "signal_daemon",
+    "daemon_volumes",
+)
 GIT_ENV = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
 
 
@@ -184,7 +198,7 @@ def env() -> Iterator[Env]:
 
 def test_images_and_services(env: Env) -> None:
     names = {line.split()[0] for line in env.stack.compose("ps", "--services").stdout.splitlines() if line}
-    assert names == {"head", "worker-1", "worker-2", "git", "files"}
+    assert names == {"head", "argus", "worker-1", "worker-2", "git", "files"}
     sizes = env.stack.daemon.docker("image", "ls", "--format", "{{.Repository}}:{{.Tag}} {{.Size}}").stdout
     for image in ("argus-ray-node:cpu", "argus-git-server:latest", "argus-sftp:latest"):
         assert image in sizes, sizes
@@ -198,6 +212,26 @@ def test_images_and_services(env: Env) -> None:
     wait_for(lambda: alive() == 3, "three Ray nodes", timeout=300, every=5)
     # The dashboard refuses callers without the token.
     assert http_get(env.stack.url("ARGUS_DASHBOARD_PORT", "/api/version"))[0] in (401, 403)
+
+
+def test_the_daemon_runs_alone_under_its_own_uid(env: Env) -> None:
+    (user, _), *others = daemon_processes(env)
+    assert user == "argusd" and not others, "one `argus run`, as argusd"
+    uid = env.stack.exec("argus", "id", "-u", "argusd").stdout.strip()
+    assert uid not in ("0", "1000"), f"the daemon's uid {uid} is root's or Ray's"
+    # Nothing of the daemon's on any Ray node: no process, no secret in the environment, no volume.
+    for node in ("head", "worker-1", "worker-2"):
+        assert "argus run" not in env.stack.exec(node, "ps", "-eo", "args").stdout, node
+        environ = env.stack.exec(node, "sh", "-c", "cat /proc/1/environ | tr '\\0' '\\n'").stdout
+        assert env.stack.webhook_secret not in environ and "ARGUS_WEBHOOK_SECRET" not in environ, node
+        mounts = env.stack.exec(node, "cat", "/proc/self/mountinfo").stdout
+        assert not [m for m in ("/srv/git", "/var/cache/argus", "/keys") if f" {m} " in mounts], node
+
+
+def daemon_processes(env: Env) -> list[tuple[str, str]]:
+    """(user, pid) of each `argus run` in the daemon's container."""
+    ps = env.stack.exec("argus", "ps", "-eo", "user:20,pid,args").stdout.splitlines()[1:]
+    return [(line.split()[0], line.split()[1]) for line in ps if line.rstrip().endswith("/argus run")]
 
 
 def test_pages_are_on_their_own_address(env: Env) -> None:
@@ -266,6 +300,81 @@ def test_task_runs_on_a_worker_and_reads_the_upload(env: Env) -> None:
     assert checkpoints and checkpoints[0].read_text().strip() == "26"
 
 
+def probe_lines(output: str) -> dict[str, Any]:
+    """The probe's JSON lines by step (and ``ran_on``), from a job's log or a command's output."""
+    out: dict[str, Any] = {}
+    for line in output.splitlines():
+        if line.startswith("{"):
+            try:
+                item = json.loads(line)
+            except ValueError:
+                continue
+            if "step" in item:
+                out[item["step"]] = item
+            elif "ran_on" in item:
+                out["ran_on"] = item["ran_on"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def head_probe(env: Env) -> dict[str, dict[str, Any]]:
+    """Alice's task submits, with the Ray token it holds, a job without entrypoint resources (Ray runs its
+    driver on the head) that tries each step; the same probe also runs in the daemon's container, as the
+    daemon, where each step must reach what it looks for (so no step passes because it looks nowhere)."""
+    stack = env.stack
+    secret_sha256 = hashlib.sha256(stack.webhook_secret.encode()).hexdigest()
+    probe = ["python3", "-m", "reconciler.testing.boundary_probe", "probe", "--secret-sha256", secret_sha256]
+    control = probe_lines(stack.exec("argus", "argus-node", *probe).stdout)
+    before = daemon_processes(env), signers(env)
+    sid = f"head-probe-{secrets.token_hex(3)}"
+    command = (
+        "echo ran-on=$(hostname); python3 -m reconciler.testing.boundary_probe submit "
+        f"--submission-id {sid} --secret-sha256 {secret_sha256}"
+    )
+    task = yaml.safe_dump({"kind": "Task", "workload": "command", "command": command, "gpus_per_node": 1})
+    env.alice.pull()
+    env.alice.commit({PROBE_TASK: task}, "alice: a task whose code submits a job of its own")
+    pushed = env.alice.push()
+    assert pushed.returncode == 0, pushed.stderr
+    doc = wait_for(
+        lambda: env.state(PROBE_TASK).get("state") in ("SUCCEEDED", "FAILED") and env.state(PROBE_TASK),
+        "the probing task",
+        timeout=600,
+        every=5,
+    )
+    logs = stack.dashboard(f"/api/jobs/{sid}/logs").get("logs", "")
+    print(f"the probe on the head:\n{logs}", file=sys.stderr)
+    assert doc["state"] == "SUCCEEDED", (doc, logs)
+    return {
+        "head": probe_lines(logs),
+        "control": control,
+        "before": {"daemon": before[0], "signers": before[1]},
+    }
+
+
+def signers(env: Env) -> str:
+    return env.stack.exec("argus", "cat", "/run/argus/allowed_signers").stdout
+
+
+def test_a_job_runs_code_on_the_head(head_probe: dict[str, Any]) -> None:
+    assert head_probe["head"].get("ran_on") == "head", "the probe's driver did not run on the head"
+    assert head_probe["control"].get("ran_on") == "argus"
+
+
+@pytest.mark.parametrize("step", PROBE_STEPS)
+def test_from_the_head_a_job_cannot_reach(head_probe: dict[str, Any], step: str) -> None:
+    control, head = head_probe["control"].get(step), head_probe["head"].get(step)
+    assert control and control["reached"], f"{step}: the probe finds nothing even as the daemon: {control}"
+    assert head is not None, f"{step}: the probe on the head did not report this step"
+    assert not head["reached"], f"{step} LEAKED to a job on the head: {head['detail']}"
+
+
+def test_the_daemon_is_untouched_by_the_probe(env: Env, head_probe: dict[str, Any]) -> None:
+    assert env.stack.healthy()
+    assert daemon_processes(env) == head_probe["before"]["daemon"], "the daemon was restarted or killed"
+    assert signers(env) == head_probe["before"]["signers"]
+
+
 def test_model_runs_on_a_worker_and_answers_openai(env: Env) -> None:
     doc = wait_for(lambda: env.running(MODEL_A), "alice's model RUNNING", timeout=600, every=5)
     env.timings["push_to_running_s"] = time.monotonic() - env.timings.pop("push_started")
@@ -305,9 +414,9 @@ def replica_pids(env: Env, user: str) -> set[str]:
     return pids
 
 
-def test_doctor_in_the_head_says_everything_works(env: Env) -> None:
+def test_doctor_in_the_daemons_container_says_everything_works(env: Env) -> None:
     # What docs/compose.md tells the admin to run after `up` (and the first push): every line ok, exit 0.
-    proc = env.stack.compose("exec", "-T", "head", "argus", "doctor", check=False, timeout=120)
+    proc = env.stack.compose("exec", "-T", "argus", "argus-node", "argus", "doctor", check=False, timeout=120)
     print(proc.stdout, file=sys.stderr)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith(("ok", "FAIL"))]
@@ -357,6 +466,23 @@ def test_bob_cannot_change_alices_folder(env: Env) -> None:
     assert docs[MODEL_A]["state"] == "RUNNING" and docs[TASK]["state"] == "SUCCEEDED"
 
 
+def test_recreate_the_daemon(env: Env) -> None:
+    # Its state (the ownership key) is on the argus-state volume: a new container running a new image keeps
+    # adopting what runs, restarts nothing and runs no finished task again.
+    pids = replica_pids(env, "alice") | replica_pids(env, "bob")
+    runs_before = task_runs(env)
+    old = env.stack.container_id("argus")
+    started = time.monotonic()
+    # --no-deps: compose 1.29 recreates a service's dependencies (the head) with it otherwise.
+    env.stack.compose("up", "-d", "--no-deps", "--force-recreate", "argus")
+    assert env.stack.container_id("argus") != old, "a new container"
+    wait_for(env.stack.healthy, "the daemon after its recreation", timeout=300)
+    wait_for(lambda: env.running(MODEL_A) and env.running(MODEL_B), "both models RUNNING", timeout=300, every=5)
+    env.timings["recreate_argus_s"] = time.monotonic() - started
+    assert replica_pids(env, "alice") | replica_pids(env, "bob") == pids, "a replica was restarted"
+    assert task_runs(env) == runs_before, "a task ran again"
+
+
 def test_restart_and_recreate_the_head(env: Env) -> None:
     runs_before = task_runs(env)
     for how in (("restart", "head"), ("up", "-d", "--force-recreate", "head")):
@@ -366,14 +492,30 @@ def test_restart_and_recreate_the_head(env: Env) -> None:
         if how[0] == "up":
             assert env.stack.container_id("head") != old, "a new container"
         wait_for(env.stack.healthy, "the daemon after " + how[0], timeout=300)
-        wait_for(lambda: env.running(MODEL_A) and env.running(MODEL_B), "both models back", timeout=600, every=5)
+        # The daemon keeps running through the head's restart, so its status branch says RUNNING until it
+        # notices: only answers through the (new) head's OpenAI endpoint say the models are back.
+        wait_for(lambda: answers(env, MODEL_A) and answers(env, MODEL_B), "both models answer", timeout=900, every=5)
+        wait_for(lambda: env.running(MODEL_A) and env.running(MODEL_B), "both models back", timeout=300, every=5)
         env.timings[f"{how[0]}_head_s"] = time.monotonic() - started
         # A new Ray head has no job history: any run listed now would be a re-run.
         assert set(task_runs(env)) <= set(runs_before), "a finished task ran again"
 
 
+def answers(env: Env, path: str) -> bool:
+    """The model at ``path`` answers a chat request through the OpenAI endpoint (on the head)."""
+    from openai import OpenAI
+
+    name = env.state(path).get("served_name")
+    client = OpenAI(base_url=env.stack.url("ARGUS_OPENAI_PORT", "/v1"), api_key="unused", timeout=30, max_retries=0)
+    answer = client.chat.completions.create(
+        model=str(name), messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0
+    )
+    return answer.choices[0].message.content is not None
+
+
 def task_runs(env: Env) -> list[str]:
-    jobs = env.stack.dashboard("/api/jobs/")
+    # The dashboard of a head that has just restarted may reset a connection or two.
+    (jobs,) = wait_for(lambda: (env.stack.dashboard("/api/jobs/"),), "the job list", timeout=120, every=5)
     return sorted(j["submission_id"] for j in jobs if "read-data" in str(j.get("submission_id")))
 
 

@@ -12,6 +12,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -152,7 +154,18 @@ def test_node_entrypoint_is_valid_bash() -> None:
     subprocess.run(["bash", "-n", str(script)], check=True)
     text = script.read_text()
     assert "ray start --head --num-cpus=0" in text and "--dashboard-host=0.0.0.0" in text and "--block" in text
-    assert "argus run" in text
+    assert "argus run" in text and "daemon) shift; daemon_node" in text
+
+
+def test_the_daemon_has_a_user_of_its_own() -> None:
+    """The image's argusd: a uid neither root's nor Ray's, refused at build time when the base has it."""
+    text = (NODE / "Dockerfile").read_text()
+    uid = re.search(r"^ARG ARGUS_DAEMON_UID=(\d+)$", text, re.M)
+    ray = re.search(r"^ARG ARGUS_UID=(\d+)$", text, re.M)
+    assert uid and ray and uid.group(1) not in ("0", ray.group(1))
+    assert 'useradd --uid "${ARGUS_DAEMON_UID}"' in text and "argusd" in text
+    assert "command -v setpriv" in text, "the daemon's entrypoint drops to argusd with setpriv"
+    assert "ARGUS_DAEMON_UID ${ARGUS_DAEMON_UID} is taken" in text
 
 
 def test_git_server_authorizes_every_key_file_restricted(tmp_path: Path) -> None:
@@ -215,7 +228,7 @@ def test_compose_clients_accept_the_files(tmp_path: Path, files: list[str]) -> N
         proc = subprocess.run(args, env=env, capture_output=True, text=True, cwd=tmp_path)
         assert proc.returncode == 0, f"{' '.join(client)}: {proc.stderr}"
         config = yaml.safe_load(proc.stdout)
-        assert sorted(config["services"]) == ["files", "git", "head", "worker-1", "worker-2"]
+        assert sorted(config["services"]) == ["argus", "files", "git", "head", "worker-1", "worker-2"]
         checked += 1
     if not checked:
         message = "neither docker-compose nor docker compose is installed (apt-get install docker-compose)"
@@ -243,22 +256,22 @@ def test_host_ports_come_from_the_environment() -> None:
 
 
 def test_pages_are_not_on_the_webhook_port() -> None:
-    head = COMPOSE["services"]["head"]
-    assert head["environment"]["ARGUS_LISTEN"] == "0.0.0.0:8080"
-    assert head["environment"]["ARGUS_WEB_LISTEN"] == "0.0.0.0:8081"
-    assert "127.0.0.1:8081:8081" in published(head), "pages and logs on this host only by default"
+    daemon = COMPOSE["services"]["argus"]
+    assert daemon["environment"]["ARGUS_LISTEN"] == "0.0.0.0:8080"
+    assert daemon["environment"]["ARGUS_WEB_LISTEN"] == "0.0.0.0:8081"
+    assert "127.0.0.1:8081:8081" in published(daemon), "pages and logs on this host only by default"
 
 
 def test_signing_is_on_by_default_from_the_key_files() -> None:
-    head = COMPOSE["services"]["head"]
-    env = head["environment"]
+    daemon = COMPOSE["services"]["argus"]
+    env = daemon["environment"]
     assert env["ARGUS_REQUIRE_SIGNED_COMMITS"] == "1"
-    assert env["ARGUS_ALLOWED_SIGNERS"] == "/home/argus/allowed_signers" and env["ARGUS_KEYS_DIR"] == "/keys"
-    keys = [v for v in head["volumes"] if str(v).split(":")[1] == "/keys"]
+    # Written by argus-node as root into the daemon's run folder (root's, group argusd, 0750): the daemon reads
+    # it and cannot rewrite it.
+    assert env["ARGUS_ALLOWED_SIGNERS"] == "/run/argus/allowed_signers" and env["ARGUS_KEYS_DIR"] == "/keys"
+    keys = [v for v in daemon["volumes"] if str(v).split(":")[1] == "/keys"]
     assert keys == ["./keys:/keys:ro"], "the key files, read-only and outside /private"
-    assert not any(
-        str(v).split(":")[1] == "/keys" for w in ("worker-1", "worker-2") for v in COMPOSE["services"][w]["volumes"]
-    )
+    assert not any(str(v).split(":")[1] == "/keys" for w in RAY_NODES for v in COMPOSE["services"][w]["volumes"])
     assert "write_allowed_signers" in (NODE / "argus-node").read_text()
 
 
@@ -279,9 +292,9 @@ def test_allowed_signers_name_each_key_by_its_file(tmp_path: Path) -> None:
 
 
 def test_state_folder_is_on_a_named_volume() -> None:
-    head = COMPOSE["services"]["head"]
-    assert "argus-state:/var/cache/argus" in head["volumes"]
-    assert head["environment"]["ARGUS_CACHE_DIR"] == "/var/cache/argus" and "argus-state" in COMPOSE["volumes"]
+    daemon = COMPOSE["services"]["argus"]
+    assert "argus-state:/var/cache/argus" in daemon["volumes"]
+    assert daemon["environment"]["ARGUS_CACHE_DIR"] == "/var/cache/argus" and "argus-state" in COMPOSE["volumes"]
 
 
 def test_workers_size_their_driver_slots_and_gpus_live_in_an_override() -> None:
@@ -335,12 +348,13 @@ def test_worker_driver_slots_follow_the_gpu_count(tmp_path: Path) -> None:
 
 
 def test_cpu_profile_keeps_the_services_and_drops_the_gpus() -> None:
-    assert sorted(CPU["services"]) == ["head", "worker-1", "worker-2"]
+    assert sorted(CPU["services"]) == ["argus", "head", "worker-1", "worker-2"]
     for name, service in CPU["services"].items():
         assert service["build"]["args"]["ARGUS_EXTRA"] == "cpu", name
         assert service["build"]["args"]["ARGUS_BASE_IMAGE"] == "debian:bookworm-slim", name
         assert service["image"] == "argus-ray-node:cpu"
         assert "deploy" not in service and "command" not in service, "same entrypoints, no GPU reservations"
+    assert set(CPU["services"]["argus"]) == {"image", "build"}, "the daemon: only its image changes"
     for name in ("worker-1", "worker-2"):
         env = CPU["services"][name]["environment"]
         assert int(env["ARGUS_WORKER_GPUS"]) >= 1, "logical GPUs"
@@ -381,6 +395,7 @@ COMPOSE = defaults(load_yaml(ROOT / "docker-compose.yaml"))
 CPU = defaults(load_yaml(ROOT / "docker-compose.cpu.yaml"))
 GPUS = defaults(load_yaml(ROOT / "docker-compose.gpus.example.yaml"))
 PROMISES = load_yaml(ROOT / "images" / "promises.yaml")
+RAY_NODES = ("head", "worker-1", "worker-2")
 
 
 def published(service: dict[str, Any]) -> set[str]:
@@ -446,7 +461,7 @@ def test_compose_shares_private_and_the_repository() -> None:
     }
     assert len(set.union(*sources.values())) == 1, f"every node must mount the same /private: {sources}"
     assert all(sources.values())
-    assert "git:/srv/git" in services["head"]["volumes"] and "git:/srv/git" in services["git"]["volumes"]
+    assert "git:/srv/git" in services["argus"]["volumes"] and "git:/srv/git" in services["git"]["volumes"]
     assert "--num-cpus=0" in (NODE / "argus-node").read_text()
     # The file service serves the same shared folder's homes and cache, and the git server's key files.
     (private,) = set.union(*sources.values())
@@ -458,34 +473,195 @@ def test_compose_shares_private_and_the_repository() -> None:
 
 def test_ray_token_auth_is_on_and_secrets_go_where_they_are_needed() -> None:
     services = COMPOSE["services"]
-    ray_nodes = [name for name, s in services.items() if s.get("image", "").startswith("argus-ray-node")]
-    assert sorted(ray_nodes) == ["head", "worker-1", "worker-2"]
-    for name in ray_nodes:
+    images = [name for name, s in services.items() if s.get("image", "").startswith("argus-ray-node")]
+    assert sorted(images) == sorted([*RAY_NODES, "argus"])
+    for name in RAY_NODES:
         env = services[name]["environment"]
         assert env["RAY_AUTH_MODE"] == "token", name
         assert env["RAY_AUTH_TOKEN_PATH"] == "/run/secrets/ray_auth_token", name
         assert services[name]["secrets"] == ["ray_auth_token"], name
+    assert services["argus"]["secrets"] == ["ray_auth_token"]
+    assert services["argus"]["environment"]["RAY_AUTH_TOKEN_PATH"] == "/run/secrets/ray_auth_token"
     with_env_file = sorted(name for name, s in services.items() if s.get("env_file"))
-    assert with_env_file == ["head"], "only the daemon's container reads .env"
+    assert with_env_file == ["argus"], "only the daemon's container reads .env"
     assert not services["files"].get("secrets") and not services["git"].get("secrets")
 
 
-def test_ray_runs_without_the_daemons_secrets() -> None:
-    """argus-node starts Ray with the daemon-only variables removed (only `argus run` gets them)."""
-    script = (NODE / "argus-node").read_text()
-    assert re.search(r"^\s*env \$\(daemon_only_env\) ray start --head", script, re.M)
-    function = re.search(r"^daemon_only_env\(\) \{.*?^\}", script, re.M | re.S)
-    assert function
-    secrets = {name: "x" for name in PROMISES["daemon_only_env"]}
+def test_no_ray_node_holds_anything_of_the_daemons() -> None:
+    """Code in any job can run on the head (a job submitted without entrypoint resources runs its driver there)
+    with the Ray token: no Ray node gets the daemon's env file, volumes, keys, ports or settings."""
+    for name in RAY_NODES:
+        node = COMPOSE["services"][name]
+        assert not node.get("env_file"), name
+        assert mount_targets(node) == {"/private"}, f"{name}: {mount_targets(node)}"
+        assert not {p.rsplit(":", 2)[-1] for p in published(node)} & {"8080", "8081"}, name
+        assert not [v for v in environment(node) if v.startswith("ARGUS_") and v != "ARGUS_WORKER_GPUS"], name
+
+
+def test_the_daemons_service_runs_apart_with_little_root() -> None:
+    daemon = COMPOSE["services"]["argus"]
+    assert daemon["command"] == ["daemon"] and daemon["hostname"] == "argus"
+    # Root only to hand argusd its files and the Ray token and to drop to it: these capabilities, no more.
+    assert daemon["user"] == "0:0" and daemon["cap_drop"] == ["ALL"]
+    assert set(daemon["cap_add"]) <= {"CHOWN", "DAC_OVERRIDE", "KILL", "SETUID", "SETGID"}
+    assert "no-new-privileges:true" in daemon["security_opt"]
+    assert daemon["environment"]["ARGUS_DAEMON_USER"] == "argusd"
+    # Ray through its HTTP API only, on the head's service name (no GCS address, no localhost).
+    assert daemon["environment"]["ARGUS_RAY"] == "http://head:8265"
+    assert not [k for k in environment(daemon) if k.startswith("RAY_") and k != "RAY_AUTH_TOKEN_PATH"]
+    private = [v for v in daemon["volumes"] if str(v).split(":")[1] == "/private"]
+    assert private and all(str(v).endswith(":ro") for v in private), "the daemon only reads the shared folder"
+    assert daemon["networks"] == ["ray"] and daemon["depends_on"]["git"]["condition"] == "service_healthy"
+
+
+def fake_ray(tmp_path: Path) -> Path:
+    fake = tmp_path / "ray"
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    fake.chmod(0o755)
+    return fake
+
+
+@pytest.mark.parametrize("secret", PROMISES["daemon_only_env"])
+def test_the_head_refuses_the_daemons_secrets(tmp_path: Path, secret: str) -> None:
+    """An env file left on the head (an old override, a copied service) stops it with a message instead of
+    handing the secret to every job that runs code there."""
+    fake_ray(tmp_path)
+    base = {"PATH": f"{tmp_path}:/usr/bin:/bin", "RAY_AUTH_TOKEN_PATH": "/run/secrets/t", "ARGUS_REPO": "/x"}
     proc = subprocess.run(
-        ["bash", "-c", f"{function.group(0)}\nenv $(daemon_only_env) env"],
-        env={"PATH": os.environ["PATH"], "RAY_AUTH_TOKEN_PATH": "/run/secrets/t", **secrets},
-        capture_output=True,
-        text=True,
-        check=True,
+        ["bash", str(NODE / "argus-node"), "head"], env={**base, secret: "s3cret"}, capture_output=True, text=True
     )
-    seen = {line.split("=", 1)[0] for line in proc.stdout.splitlines()}
-    assert not seen & set(secrets) and "RAY_AUTH_TOKEN_PATH" in seen, seen
+    assert proc.returncode == 2 and secret in proc.stderr and "--head" not in proc.stdout, proc
+    # Without it (settings such as ARGUS_REPO are no secret), Ray starts.
+    proc = subprocess.run(["bash", str(NODE / "argus-node"), "head"], env=base, capture_output=True, text=True)
+    assert proc.returncode == 0 and "--head" in proc.stdout.splitlines() and "--num-cpus=0" in proc.stdout, proc
+
+
+def test_the_daemon_starts_as_root_only(tmp_path: Path) -> None:
+    """`argus-node daemon` is for the argus service (root, then argusd): as any other user, e.g. the image's
+    default (Ray's uid), it refuses rather than run the daemon beside Ray's processes."""
+    cmd = ["bash", str(NODE / "argus-node"), "daemon"]
+    if os.geteuid() == 0:
+        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+    proc = subprocess.run(cmd, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "starts as root" in proc.stderr, proc
+
+
+def test_the_daemons_groups_are_the_repositorys_and_the_homes(tmp_path: Path) -> None:
+    """The supplementary groups argus-node gives the daemon: the repository's group and each home's, never a
+    system group, never through a link."""
+    if os.geteuid() != 0:
+        pytest.skip("giving folders other groups needs root")
+    repo, users = tmp_path / "config.git", tmp_path / "users"
+    repo.mkdir()
+    users.mkdir()
+    os.chown(repo, 0, 1000)
+    for name, gid in (("alice", 20001), ("bob", 20000), ("carl", 20000), ("sys", 100)):
+        (users / name).mkdir()
+        os.chown(users / name, 1000, gid)
+    (tmp_path / "elsewhere").mkdir()
+    os.chown(tmp_path / "elsewhere", 0, 30000)
+    (users / "link").symlink_to(tmp_path / "elsewhere")
+    (users / "file").write_text("")
+    os.chown(users / "file", 0, 30001)
+    script = (NODE / "argus-node").read_text()
+    function = re.search(r"^daemon_groups\(\) \{.*?^\}", script, re.M | re.S)
+    assert function
+
+    def groups(**env: str) -> str:
+        full = {"PATH": os.environ["PATH"], **env}
+        proc = subprocess.run(
+            ["bash", "-c", f"set -euo pipefail\n{function.group(0)}\ndaemon_groups"],
+            env=full,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return proc.stdout.strip()
+
+    assert groups(ARGUS_REPO=str(repo), ARGUS_USERS_DIR=str(users)) == "1000,20000,20001"
+    # A remote repository (a URL) has no group here; a missing users folder has none either.
+    assert groups(ARGUS_REPO="ssh://git@host/x.git", ARGUS_USERS_DIR=str(users)) == "20000,20001"
+    assert groups(ARGUS_REPO=str(repo), ARGUS_USERS_DIR=str(tmp_path / "none")) == "1000"
+
+
+def test_the_daemon_runs_as_its_user_and_restarts_for_a_new_home() -> None:
+    """`argus-node daemon` for real (root only), with a stand-in `argus` on PATH and `nobody` as the daemon's
+    user: the stand-in runs as that uid with the homes' groups and no capabilities, reads its own copy of the
+    Ray token, finds its state folder its own and the allowed signers root's; a new home restarts it with
+    that home's group; TERM stops both."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("argus-node daemon starts as root and drops with setpriv")
+    base = Path(tempfile.mkdtemp(prefix="argus-node-daemon-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        (bin_dir := base / "bin").mkdir()
+        out = base / "out"
+        out.write_text("")
+        out.chmod(0o666)
+        fake = bin_dir / "argus"
+        fake.write_text(
+            "#!/bin/sh\n"
+            f'echo "$(id -u) $(id -G | tr " " ,) $(grep CapEff /proc/self/status | cut -f2) '
+            f'$(cat "$RAY_AUTH_TOKEN_PATH") $HOME $$" >> {out}\n'
+            "exec sleep 300\n"
+        )
+        fake.chmod(0o755)
+        users, repo, state, run = base / "users", base / "config.git", base / "state", base / "run"
+        for folder in (users, repo, state / "sub", base / "keys"):
+            folder.mkdir(parents=True)
+        os.chown(repo, 0, 1000)
+        (users / "alice").mkdir()
+        os.chown(users / "alice", 1000, 20005)
+        (state / "sub" / "ownership.key").write_text("k")
+        os.chown(state / "sub" / "ownership.key", 1000, 1000)  # an older install: Ray's uid
+        token = base / "token"
+        token.write_text("tok3n\n")
+        token.chmod(0o400)
+        (base / "keys" / "alice.pub").write_text("ssh-ed25519 AAAAa alice\n")
+        env = {
+            "PATH": f"{bin_dir}:/usr/bin:/bin",
+            "ARGUS_DAEMON_USER": "nobody",
+            "ARGUS_DAEMON_RUN_DIR": str(run),
+            "ARGUS_CACHE_DIR": str(state),
+            "ARGUS_REPO": str(repo),
+            "ARGUS_USERS_DIR": str(users),
+            "ARGUS_KEYS_DIR": str(base / "keys"),
+            "ARGUS_ALLOWED_SIGNERS": str(run / "allowed_signers"),
+            "RAY_AUTH_TOKEN_PATH": str(token),
+        }
+        proc = subprocess.Popen(
+            ["bash", str(NODE / "argus-node"), "daemon"], env=env, stderr=subprocess.PIPE, text=True
+        )
+
+        def lines(n: int) -> list[str]:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                got = out.read_text().splitlines()
+                if len(got) >= n:
+                    return got
+                time.sleep(0.2)
+            raise AssertionError(f"the stand-in started {len(out.read_text().splitlines())} times, not {n}")
+
+        try:
+            uid, groups, caps, tok, home, _ = lines(1)[0].split()
+            assert uid == "65534" and groups.split(",")[1:] == ["1000", "20005"], groups
+            assert int(caps, 16) == 0 and tok == "tok3n" and home == "/nonexistent"
+            copy = run / "ray_auth_token"
+            assert copy.stat().st_uid == 65534 and copy.stat().st_mode & 0o777 == 0o400
+            assert all(f.stat().st_uid == 65534 for f in (state, state / "sub", state / "sub" / "ownership.key"))
+            signers = run / "allowed_signers"
+            assert signers.read_text() == "alice ssh-ed25519 AAAAa alice\n" and signers.stat().st_uid == 0
+            assert run.stat().st_uid == 0 and run.stat().st_mode & 0o777 == 0o750
+            (users / "bob").mkdir()
+            os.chown(users / "bob", 1000, 20006)
+            assert lines(2)[1].split()[1].split(",")[1:] == ["1000", "20005", "20006"], "restarted with bob's group"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+        pids = [line.split()[-1] for line in out.read_text().splitlines()]
+        assert len(pids) == 2 and not [p for p in pids if Path(f"/proc/{p}").exists()], "an argus left running"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_sftp_config_confines_every_session() -> None:
