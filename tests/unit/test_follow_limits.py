@@ -348,3 +348,70 @@ def test_owners_holding_their_share_do_not_lock_out_another_owner() -> None:
         assert slots.free == 0 and slots.holders() == 4
     finally:
         stop.set()
+
+
+class Endless:
+    """A log read that ends after ``lines`` lines (None: never; an endless log, slowly served)."""
+
+    def __init__(self, lines: int | None, ended: threading.Event) -> None:
+        self.left, self.ended = lines, ended
+
+    def read1(self, n: int) -> bytes:
+        if self.left is not None:
+            self.left -= 1
+            return b"line\n" if self.left >= 0 else b""
+        time.sleep(0.01)
+        return b"" if self.ended.is_set() else b"line\n"
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Endless:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        pass
+
+
+class EndlessRay(FakeRay):
+    """The first three reads never end by themselves; the next ones are three lines."""
+
+    streams = 0
+    ended = threading.Event()  # ends the endless ones
+
+    def stream(self, path: str, *, timeout: float | None = None) -> RayStream:
+        self.streams += 1
+        return Endless(None if self.streams <= 3 else 3, self.ended)  # type: ignore[return-value]
+
+
+def test_strangers_reading_in_a_loop_do_not_lock_bob_out_of_his_own_log_tail() -> None:
+    """Reads of a big log last up to 30 s each: two strangers reading bob's (or anyone's) log in a loop
+    held every read slot, and bob, vouched for, got 503 for his own task's tail. Now his read cuts one."""
+    ray = EndlessRay()
+    ray.jobs[SID] = {
+        "submission_id": SID,
+        "status": "RUNNING",
+        "driver_node_id": "n1",
+        "metadata": {"managed-by": "argus", "argus-user": "bob", "argus-task": "t"},
+    }
+    logs = RayLogs(ray, lambda s: s, poll_s=0.05, per_requester=2, max_readers=3)
+    outcomes: list[str] = []
+
+    def read(identity: str) -> None:
+        try:
+            logs.task_log("bob", "t", DOC, None, client="10.0.0.1", identity=identity)
+            outcomes.append("read")
+        except ArgusError as exc:
+            outcomes.append(str(exc))
+
+    strangers = [threading.Thread(target=read, args=(who,)) for who in ("mallory", "mallory", "eve")]
+    for t in strangers:
+        t.start()
+    _until(lambda: logs.readers.free == 0)
+    started = time.monotonic()
+    assert logs.task_log("bob", "t", DOC, None, client="10.0.0.1", identity="bob").endswith("line\n")
+    assert time.monotonic() - started < 6
+    ray.ended.set()
+    for t in strangers:
+        t.join(40)
+    assert sum("went to a user reading her own log" in o for o in outcomes) == 1, outcomes
