@@ -137,7 +137,7 @@ class RayLogs:
         self.max_follow_bytes = max_follow_bytes
         self.max_followers = max_followers
         self.followers = Slots(max_followers, per_requester, "live logs followed", to_owner=True)
-        self.readers = Slots(max_readers, per_requester, "log reads")
+        self.readers = Slots(max_readers, per_requester, "log reads", to_owner=True)
         self.sleep = sleep
 
     # -- tasks ------------------------------------------------------------------------------
@@ -194,18 +194,23 @@ class RayLogs:
         (default 1 MiB) of them, redacted; a first line says when bytes were left out. ``client``:
         the requester's address; ``identity``: the user a proxy vouched for ("" when none).
 
-        Raises LogNotFound; ArgusError when too many reads run now (503), RayUnavailable.
+        Raises LogNotFound; ArgusError when too many reads run now (503), or when this read's slot went
+        to ``user`` herself, vouched for, reading her own log when all were taken; RayUnavailable.
         """
         sid = self.resolve_run(user, name, doc, run)
         lines = clamp(tail, DEFAULT_TAIL_LINES, MAX_TAIL_LINES)
         limit = clamp(limit_bytes, DEFAULT_LIMIT_BYTES, MAX_LIMIT_BYTES)
         slot = self.readers.take(Requester(identity, client), user)
         try:
-            found = job_tail(self.dash, sid, lines=lines, limit_bytes=limit)
+            found = job_tail(self.dash, sid, lines=lines, limit_bytes=limit, stop=slot.cut)
         except DashboardError as exc:  # no log file (yet): the run has not started, or its node is gone
             return f"[argus: Ray has no log for {sid} now (HTTP {exc.status})]\n"
         finally:
             self.readers.release(slot)
+        if slot.cut.is_set():
+            raise ArgusError(
+                f"reading the log of {sid} stopped: the read slot went to a user reading her own log; retry shortly"
+            )
         return found.note(limit) + self._redact_pieces(found.text)
 
     def _redact_pieces(self, text: str) -> str:

@@ -63,8 +63,10 @@ class Slots:
     what: str = "log reads"
     to_owner: bool = False
     cut_wait_s: float = 5.0
+    max_waiting: int = 1
     _cond: threading.Condition = field(default_factory=threading.Condition, repr=False)
     _held: list[Slot] = field(default_factory=list, repr=False)
+    _waiting: dict[str, int] = field(default_factory=dict, repr=False)
 
     def take(self, requester: Requester, owner: str) -> Slot:
         """Take a slot for ``requester`` reading ``owner``'s object's log. Returns it (give it back
@@ -72,30 +74,56 @@ class Slots:
         key, own = requester.key, requester.owns(owner)
         deadline = time.monotonic() + self.cut_wait_s
         with self._cond:
-            if key and sum(1 for s in self._held if s.requester == key) >= self.per_requester:
+            # A request waiting for a cut slot counts in its requester's share: many at once would
+            # otherwise each wait, each take one, and hold more than the share between them.
+            if key and self._count(key) + self._waiting.get(key, 0) >= self.per_requester:
                 who = requester.identity or requester.address
                 each = f"at most {self.per_requester} each"
                 raise ArgusError(f"too many {self.what} by {who} now ({each}); retry shortly")
-            while len(self._held) >= self.total:
-                victim = self._victim() if own and self.to_owner else None
-                left = deadline - time.monotonic()
-                if victim is None or left <= 0:
-                    raise ArgusError(f"too many {self.what} now (at most {self.total}); retry shortly")
-                victim.cut.set()
-                self._cond.wait(left)
-            slot = Slot(key, own)
-            self._held.append(slot)
-            return slot
+            full = ArgusError(f"too many {self.what} now (at most {self.total}); retry shortly")
+            if len(self._held) < self.total:
+                return self._add(key, own)
+            # Each waiter holds a page thread: few wait at once, the others are told to retry.
+            if not (own and self.to_owner) or sum(self._waiting.values()) >= self.max_waiting:
+                raise full
+            self._waiting[key] = self._waiting.get(key, 0) + 1
+            try:
+                while len(self._held) >= self.total:
+                    victim = self._victim(key)
+                    left = deadline - time.monotonic()
+                    if victim is None or left <= 0:
+                        raise full
+                    victim.cut.set()
+                    self._cond.wait(left)
+                return self._add(key, own)
+            finally:
+                self._waiting[key] -= 1
+                if not self._waiting[key]:
+                    del self._waiting[key]
 
-    def _victim(self) -> Slot | None:
-        """The slot to cut for an owner (call under the lock): one held for another user's log,
-        one already being cut first, else the requester holding the most, then the oldest."""
-        others = [s for s in self._held if not s.own]
-        if not others:
-            return None
+    def _count(self, key: str) -> int:
+        """Slots held by the requester ``key`` (call under the lock)."""
+        return sum(1 for s in self._held if s.requester == key)
+
+    def _add(self, key: str, own: bool) -> Slot:
+        slot = Slot(key, own)
+        self._held.append(slot)
+        return slot
+
+    def _victim(self, taker: str) -> Slot | None:
+        """The slot to cut for an owner, the requester ``taker`` (call under the lock): one held for
+        another user's log, else one held for her own log by a requester holding at least two more
+        than ``taker`` (she keeps one; two owners holding as many never cut each other in turn); among
+        them one already being cut first, then the requester holding the most, then the oldest."""
         counts: dict[str, int] = {}
         for slot in self._held:
             counts[slot.requester] = counts.get(slot.requester, 0) + 1
+        mine = counts.get(taker, 0)
+        others = [s for s in self._held if not s.own]
+        if not others:
+            others = [s for s in self._held if s.requester != taker and counts[s.requester] >= mine + 2]
+        if not others:
+            return None
         return min(others, key=lambda s: (not s.cut.is_set(), -counts[s.requester], s.taken))
 
     def release(self, slot: Slot) -> None:

@@ -11,6 +11,7 @@ the reader keeps only the last ``limit_bytes`` of what arrives, as ``kubectl log
 from __future__ import annotations
 
 import http.client
+import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -90,16 +91,21 @@ def driver_node(dash: Streams, submission_id: str) -> str:
 
 
 def read_last(
-    stream: RayStream, limit_bytes: int, *, max_read: int = MAX_READ_BYTES, deadline: float | None = None
+    stream: RayStream,
+    limit_bytes: int,
+    *,
+    max_read: int = MAX_READ_BYTES,
+    deadline: float | None = None,
+    stop: threading.Event | None = None,
 ) -> Tail:
     """Read ``stream`` to its end keeping only its last ``limit_bytes`` (cut at a line start when
-    cut at all). Stops after ``max_read`` bytes or at ``deadline`` (monotonic), ``gave_up`` then.
-    Raises what ``stream.read1`` raises."""
+    cut at all). Stops after ``max_read`` bytes, at ``deadline`` (monotonic) or once ``stop`` is set,
+    ``gave_up`` then. Raises what ``stream.read1`` raises."""
     kept = bytearray()
     total = 0
     cut = gave_up = False
     while True:
-        if total >= max_read or (deadline is not None and time.monotonic() > deadline):
+        if total >= max_read or (deadline is not None and time.monotonic() > deadline) or (stop and stop.is_set()):
             gave_up = True
             break
         data = stream.read1(CHUNK)
@@ -125,9 +131,10 @@ def job_tail(
     limit_bytes: int = DEFAULT_LIMIT_BYTES,
     timeout: float = 30.0,
     node_id: str | None = None,
+    stop: threading.Event | None = None,
 ) -> Tail:
     """The last ``lines`` lines of a job's driver log, at most ``limit_bytes`` of them. ``node_id``:
-    its driver's node (default: asked of Ray).
+    its driver's node (default: asked of Ray); ``stop``: ends the read early (``gave_up``) once set.
 
     Raises DashboardError (no such job, or Ray no longer holds its log file) / RayUnavailable.
     """
@@ -135,6 +142,6 @@ def job_tail(
     deadline = time.monotonic() + timeout
     with dash.stream(path, timeout=min(timeout, 30.0)) as stream:
         try:
-            return read_last(stream, limit_bytes, deadline=deadline)
+            return read_last(stream, limit_bytes, deadline=deadline, stop=stop)
         except (OSError, http.client.HTTPException) as exc:
             raise RayUnavailable(f"reading the log of {submission_id} failed: {exc}") from exc

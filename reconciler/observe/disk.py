@@ -10,12 +10,15 @@ tick reads the last published totals (a dict copy under a lock, O(users)). Bound
   the folder measured longest ago (or never) goes first, so one huge folder delays the others by one
   walk at most;
 - memory and descriptors: one open directory per level of the folder being walked, at most
-  :data:`MAX_DEPTH`; one total per user measured (users no longer asked for are dropped).
+  :data:`MAX_DEPTH`; one total per user measured (users no longer asked for are dropped);
+- one walk counts at most :data:`MAX_ENTRIES` entries, so one user's folder delays the others by a few
+  minutes at most.
 
 A walk counts allocated blocks (``st_blocks``, as ``du`` does) of every entry, without following symbolic
 links or crossing into another file system. A hard link is counted at each of its names (the file
 service makes none; rsync -H can: it only counts against its own user). What a walk cannot count (a
-folder the daemon may not read, a tree deeper than :data:`MAX_DEPTH`) makes the measurement incomplete:
+folder the daemon may not read, a tree deeper than :data:`MAX_DEPTH`, more than :data:`MAX_ENTRIES`
+entries, a user folder replaced by a symbolic link) makes the measurement incomplete:
 the quota check then holds the user's new runs (reconciler.plan.disk), so neither hides data from it.
 """
 
@@ -37,6 +40,9 @@ BATCH = 2_000
 PAUSE_S = 0.1
 REST_S = 60.0
 MAX_DEPTH = 64
+# Entries one walk counts at most (about 4 minutes at BATCH per PAUSE_S): folders are measured one at a
+# time, so without it one user's millions of small files would hold back everyone else's measurement.
+MAX_ENTRIES = 5_000_000
 _SHOWN = 200  # characters of a path quoted in a problem
 
 
@@ -48,11 +54,13 @@ def _shown(path: str, top: str) -> str:
 
 class Walk:
     """One measurement of the folder ``top``, made :meth:`step` by :meth:`step`. Keeps one open
-    directory per level it is inside (at most ``max_depth``); :meth:`close` releases them."""
+    directory per level it is inside (at most ``max_depth``); :meth:`close` releases them. Stops,
+    incomplete, after ``max_entries`` entries."""
 
-    def __init__(self, top: str, max_depth: int = MAX_DEPTH) -> None:
+    def __init__(self, top: str, max_depth: int = MAX_DEPTH, max_entries: int = MAX_ENTRIES) -> None:
         self.top = top
         self.max_depth = max_depth
+        self.max_entries = max_entries
         self.used = 0
         self.entries = 0
         self.problem: str | None = None
@@ -66,7 +74,11 @@ class Walk:
             self._note(f"cannot read {top}: {exc.strerror}")
             return
         self.used += st.st_blocks * 512
-        if stat.S_ISDIR(st.st_mode):
+        if stat.S_ISLNK(st.st_mode):
+            # Not followed (its target may be anywhere, another user's folder included); what the user
+            # keeps there is then not counted, so the measurement is not whole.
+            self._note("it is a symbolic link, not a folder; make it the user's folder again")
+        elif stat.S_ISDIR(st.st_mode):
             self._dev = st.st_dev
             self._enter(top)
 
@@ -96,6 +108,13 @@ class Walk:
         """Count up to ``budget`` more entries. Returns whether the walk is complete. Never raises for
         what it finds: each problem is noted (the first one is kept in :attr:`problem`)."""
         while self._stack and budget > 0:
+            if self.entries >= self.max_entries:
+                self._note(
+                    f"it holds more than {self.max_entries:,} files and folders; "
+                    "remove some (old run folders under jobs/)"
+                )
+                self.close()
+                break
             try:
                 entry = next(self._stack[-1])
             except StopIteration:
@@ -141,9 +160,11 @@ class DiskMeter:
         pause_s: float = PAUSE_S,
         rest_s: float = REST_S,
         max_depth: int = MAX_DEPTH,
+        max_entries: int = MAX_ENTRIES,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.batch, self.pause_s, self.rest_s, self.max_depth = batch, pause_s, rest_s, max_depth
+        self.max_entries = max_entries
         self._clock = clock
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -217,7 +238,7 @@ class DiskMeter:
     def _measure(self, root: str, user: str) -> DiskUsage | None:
         """Walk ``<root>/<user>`` to the end, pausing between batches. None when abandoned (stopped, or
         the folder is no longer wanted)."""
-        walk = Walk(os.path.join(root, user), self.max_depth)
+        walk = Walk(os.path.join(root, user), self.max_depth, self.max_entries)
         try:
             while not walk.step(self.batch):
                 if self._stop.wait(self.pause_s):

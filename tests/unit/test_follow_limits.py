@@ -8,6 +8,7 @@ a stand-in whose stream stays quiet."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import threading
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.dashboard import RayStream
+from reconciler.errors import ArgusError
 from reconciler.logs.ray import RayLogs
 from reconciler.logs.slots import Requester, Slots
 from reconciler.server.core import HttpServer
@@ -267,3 +269,149 @@ def test_slots_forget_who_held_them() -> None:
         slots.release(slot)
     slots.release(own)  # again: no effect
     assert slots.free == 3 and slots.holders() == 0
+
+
+def _release_cut(slots: Slots, stop: threading.Event) -> None:
+    """Plays the followers that were cut: each ends at its next poll and gives its slot back."""
+    while not stop.is_set():
+        with slots._cond:
+            cut = [s for s in slots._held if s.cut.is_set()]
+        for slot in cut:
+            slots.release(slot)
+        time.sleep(0.01)
+
+
+def test_waiting_owners_cannot_take_more_than_their_share() -> None:
+    """mallory, following her own log when every slot is taken, sends many requests at once: each would
+    wait for a cut slot and take it, past her share; then all slots are her own and nobody can cut one."""
+    slots = Slots(total=4, per_requester=2, to_owner=True, cut_wait_s=2.0, max_waiting=8)
+    for i in range(4):
+        slots.take(Requester("", f"10.0.0.{i}"), "carol")  # strangers following carol's log
+    stop = threading.Event()
+    threading.Thread(target=_release_cut, args=(slots, stop), daemon=True).start()
+    got: list[object] = []
+
+    def ask() -> None:
+        with contextlib.suppress(ArgusError):
+            got.append(slots.take(Requester("mallory", "10.0.1.1"), "mallory"))
+
+    askers = [threading.Thread(target=ask) for _ in range(6)]
+    try:
+        for t in askers:
+            t.start()
+        for t in askers:
+            t.join()
+        assert len(got) == 2, f"mallory holds {len(got)} slots, her share is 2"
+        assert slots.take(Requester("bob", "10.0.2.1"), "bob").own  # bob still gets one for his own log
+    finally:
+        stop.set()
+
+
+def test_few_owners_wait_at_once() -> None:
+    """Each request waiting for a cut slot holds one of the 8 page threads: past ``max_waiting`` the
+    others are told to retry at once, so waiting owners cannot take the threads the pages need."""
+    slots = Slots(total=2, per_requester=2, to_owner=True, cut_wait_s=0.5)
+    strangers = [slots.take(Requester("", "10.0.0.1"), "carol"), slots.take(Requester("", "10.0.0.1"), "carol")]
+    refused: list[ArgusError] = []
+
+    def ann_waits() -> None:
+        try:
+            slots.take(Requester("ann", ""), "ann")  # nobody releases the cut slot here: she waits, then is refused
+        except ArgusError as exc:
+            refused.append(exc)
+
+    waiting = threading.Thread(target=ann_waits)
+    waiting.start()
+    _until(lambda: sum(s.cut.is_set() for s in strangers) == 1)
+    started = time.monotonic()
+    with pytest.raises(ArgusError, match="at most 2"):
+        slots.take(Requester("bob", ""), "bob")
+    assert time.monotonic() - started < 0.2, "refused at once, not after a wait"
+    waiting.join()
+    assert refused
+
+
+def test_owners_holding_their_share_do_not_lock_out_another_owner() -> None:
+    """Two users following their own tasks twice each hold every slot: bob following his own gets one
+    of the requester holding the most, who keeps one; an owner is never cut for one holding as many."""
+    slots = Slots(total=4, per_requester=2, to_owner=True, cut_wait_s=1.0)
+    mine = [slots.take(Requester(u, "10.0.0.1"), u) for u in ("ann", "ann", "eve", "eve")]
+    stop = threading.Event()
+    threading.Thread(target=_release_cut, args=(slots, stop), daemon=True).start()
+    try:
+        assert slots.take(Requester("bob", "10.0.0.1"), "bob").own
+        assert sum(s.cut.is_set() for s in mine) == 1
+        assert slots.take(Requester("carl", "10.0.0.1"), "carl").own  # the other one holding two
+        # now ann, eve, bob and carl hold one each: dave following his own cuts nobody
+        with pytest.raises(ArgusError, match="at most 4"):
+            slots.take(Requester("dave", "10.0.0.1"), "dave")
+        assert slots.free == 0 and slots.holders() == 4
+    finally:
+        stop.set()
+
+
+class Endless:
+    """A log read that ends after ``lines`` lines (None: never; an endless log, slowly served)."""
+
+    def __init__(self, lines: int | None, ended: threading.Event) -> None:
+        self.left, self.ended = lines, ended
+
+    def read1(self, n: int) -> bytes:
+        if self.left is not None:
+            self.left -= 1
+            return b"line\n" if self.left >= 0 else b""
+        time.sleep(0.01)
+        return b"" if self.ended.is_set() else b"line\n"
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Endless:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        pass
+
+
+class EndlessRay(FakeRay):
+    """The first three reads never end by themselves; the next ones are three lines."""
+
+    streams = 0
+    ended = threading.Event()  # ends the endless ones
+
+    def stream(self, path: str, *, timeout: float | None = None) -> RayStream:
+        self.streams += 1
+        return Endless(None if self.streams <= 3 else 3, self.ended)  # type: ignore[return-value]
+
+
+def test_strangers_reading_in_a_loop_do_not_lock_bob_out_of_his_own_log_tail() -> None:
+    """Reads of a big log last up to 30 s each: two strangers reading bob's (or anyone's) log in a loop
+    held every read slot, and bob, vouched for, got 503 for his own task's tail. Now his read cuts one."""
+    ray = EndlessRay()
+    ray.jobs[SID] = {
+        "submission_id": SID,
+        "status": "RUNNING",
+        "driver_node_id": "n1",
+        "metadata": {"managed-by": "argus", "argus-user": "bob", "argus-task": "t"},
+    }
+    logs = RayLogs(ray, lambda s: s, poll_s=0.05, per_requester=2, max_readers=3)
+    outcomes: list[str] = []
+
+    def read(identity: str) -> None:
+        try:
+            logs.task_log("bob", "t", DOC, None, client="10.0.0.1", identity=identity)
+            outcomes.append("read")
+        except ArgusError as exc:
+            outcomes.append(str(exc))
+
+    strangers = [threading.Thread(target=read, args=(who,)) for who in ("mallory", "mallory", "eve")]
+    for t in strangers:
+        t.start()
+    _until(lambda: logs.readers.free == 0)
+    started = time.monotonic()
+    assert logs.task_log("bob", "t", DOC, None, client="10.0.0.1", identity="bob").endswith("line\n")
+    assert time.monotonic() - started < 6
+    ray.ended.set()
+    for t in strangers:
+        t.join(40)
+    assert sum("went to a user reading her own log" in o for o in outcomes) == 1, outcomes

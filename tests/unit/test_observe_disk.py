@@ -150,3 +150,36 @@ def test_the_meter_starts_no_thread_until_asked(tmp_path: Path) -> None:
     meter.want(None, {"alice"})
     assert meter._thread is None and meter.usage() == {}
     meter.close()
+
+
+def test_a_folder_of_more_entries_than_a_walk_counts_is_reported(tmp_path: Path) -> None:
+    """Millions of small files made one walk take hours, and every other user's measurement waited behind
+    it (one folder at a time): a walk stops at ``max_entries`` and says so, which holds that user's runs."""
+    users = tmp_path / "users"
+    for i in range(30):
+        (users / "alice" / "many").mkdir(parents=True, exist_ok=True)
+        (users / "alice" / "many" / f"f{i}").write_bytes(b"x")
+    walk = Walk(str(users / "alice"), max_entries=20)
+    while not walk.step(7):
+        pass
+    assert walk.entries == 20
+    assert walk.result.problem == "it holds more than 20 files and folders; remove some (old run folders under jobs/)"
+    assert not walk._stack  # stopped: nothing is left open
+    (users / "bob").mkdir()
+    meter = DiskMeter(batch=4, pause_s=0.0, rest_s=60, max_entries=20)
+    try:
+        meter.want(str(users), {"alice", "bob"})
+        _wait(lambda: set(meter.usage()) == {"alice", "bob"})
+        assert meter.usage()["alice"].problem is not None and meter.usage()["bob"] == DiskUsage(_du(users / "bob"))
+    finally:
+        meter.close()
+
+
+def test_a_folder_replaced_by_a_symbolic_link_is_reported(tmp_path: Path) -> None:
+    """Job code (any user's: jobs share one uid) can swap a user folder for a link to where her data
+    really is: counted as a link, the data would escape the quota."""
+    real = _tree(tmp_path / "real")
+    (tmp_path / "users").mkdir()
+    (tmp_path / "users" / "alice").symlink_to(real)
+    result = _walk(tmp_path / "users" / "alice").result
+    assert result.problem == "it is a symbolic link, not a folder; make it the user's folder again"
