@@ -177,9 +177,9 @@ def admit(
         result.notes.append("capacity unknown (no capacity in the actual state): admission not checked")
     strict = cluster.admission.policy == "StrictFIFO"
     preempting = may_preempt(cluster)
-    # A model whose scale-up waits keeps running its replicas: they stay preemptible, or a
-    # scale-up that never fits would shield the replicas the model borrows with.
-    scaling = {c.action.key for c in cands if c.action.type is ActionType.SCALE_MODEL}
+    # A model whose scale-up or update waits keeps running its replicas: they stay preemptible,
+    # or a change that never fits would shield the replicas the model borrows with.
+    scaling = {c.action.key for c in cands if c.action.type in (ActionType.SCALE_MODEL, ActionType.UPDATE_MODEL)}
     work = running_work(desired, actual, busy - scaling, ledger.floors) if preempting and cands else []
     taken: set[ObjectKey] = set()  # preempted or admitted in this plan: not preempted (again)
     held: dict[ObjectKey, int] = {}  # a waiting scale-up: the index of its action in out
@@ -209,7 +209,7 @@ def admit(
         action, user = cand.action, cand.action.key.user
         pending.discard(action.key)
         if action.key in taken:
-            continue  # a scale-up whose model was preempted this tick: it waits for the next
+            continue  # a scale-up or update whose model was preempted this tick: it waits for the next
         firm, firm_total, firm_why = firm_of(desired, action.key, ledger)
         never = over_quota(quota_amount(desired, action, cand.request), user, cluster, cand.task)
         never = never or firm_over(cluster, user, firm_total, firm_why, capacity.total)

@@ -107,10 +107,13 @@ def plan(
     deletions: list[Action] = []
     _plan_models(desired, actual, direct, candidates, deletions, order)
     _plan_tasks(desired, actual, direct, candidates, deletions, order)
+    # The guard first: a deletion it holds keeps its object running, and preemptible as it runs,
+    # or removing files until the guard trips would shield borrowed GPUs.
+    deletions = guard(desired, actual, deletions, result)
     busy = frozenset(a.key for a in (*direct, *deletions) if a.type is not ActionType.KEEP)
     busy |= frozenset(c.action.key for c in candidates)
     direct.extend(admit(desired, actual, capacity, candidates, result, now=now, busy=busy))
-    direct.extend(guard(desired, actual, deletions, result))
+    direct.extend(deletions)
     result.actions = sorted(direct, key=lambda a: a.sort_key)
     return result
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from reconciler.plan.actions import Action, ActionType
 from reconciler.plan.actual import ActualState
-from reconciler.plan.quota import Ledger, model_gpus, protected_replicas, quota_use
+from reconciler.plan.quota import Ledger, model_gpus, protected_replicas, quota_use, stale_model
 from reconciler.spec.hashing import model_spec_hash, task_spec_hash
 from reconciler.spec.types import GPU, NO_TEAM, ClusterSpec, DesiredState, ObjectKey
 
@@ -54,6 +54,8 @@ class Running:
     # A model's replica its file protects that its queue's nominal quota does not
     # (:meth:`reconciler.plan.quota.Ledger._cap_firm`): only reclaim may stop it.
     beyond: bool = False
+    # A model running another spec than its file's, past its queue's limit: removed whole.
+    stale: bool = False
 
 
 def may_preempt(cluster: ClusterSpec) -> bool:
@@ -74,8 +76,9 @@ def running_work(
     ``floors``: models whose protected replicas are capped (:attr:`Ledger.floors`).
 
     ``busy``: objects the plan already changes (not preempted on top). A task whose file is
-    invalid counts at its kind's default priority: breaking a file does not shield borrowed GPUs.
-    Suspended objects count too: suspending holds a file's changes back, not the admin's quotas.
+    invalid, or gone while the mass-deletion guard holds its stop back, counts at its kind's
+    default priority: breaking or removing a file does not shield borrowed GPUs. Suspended
+    objects count too: suspending holds a file's changes back, not the admin's quotas.
     """
     cluster = desired.cluster
     out: list[Running] = []
@@ -84,8 +87,6 @@ def running_work(
         if not job.active or job.key in busy:
             continue
         spec = desired.tasks.get(job.key)
-        if spec is None and job.key not in desired.invalid:
-            continue  # its file is gone: it is being stopped (or held by the guard)
         if spec is not None and job.spec_hash != task_spec_hash(spec):
             continue  # an old spec's run, stopped by the plan
         out.append(
@@ -103,8 +104,28 @@ def running_work(
         return out
     for key, live in actual.models.items():
         model = desired.models.get(key)
-        if key in busy or model is None:
+        if key in busy:
             continue
+        if stale_model(live, model, cluster):
+            # Its replicas are all protected (:func:`stale_model`): only one its queue cannot
+            # hold them for (floor 0) is reclaimable, and only whole.
+            if (floors or {}).get(key) == 0 and live.replicas > 0:
+                out.append(
+                    Running(
+                        key=key,
+                        group=cluster.team_of(key.user) if teamed else "",
+                        priority=cluster.priority_value("model", model.priority if model is not None else None),
+                        amount={GPU: model_gpus(live) * live.replicas},
+                        real={r: v * live.replicas for r, v in live.resources_per_replica.items() if v},
+                        started=None,
+                        replicas=0,
+                        spec_hash=live.spec_hash,
+                        beyond=True,
+                        stale=True,
+                    )
+                )
+            continue
+        assert model is not None  # a model without a file is stale
         protected = protected_replicas(model, live.replicas, cluster)
         floor = min(protected, (floors or {}).get(key, protected))
         if floor >= live.replicas or live.spec_hash != model_spec_hash(model, cluster):
@@ -299,6 +320,12 @@ def victim_action(w: Running, by: ObjectKey, why: str) -> Action:
         else "its min_replicas is the floor"
     )
     reason = f"Preempted by {by} ({why}): scaled down to {w.replicas} replicas ({floor})"
+    if w.stale:
+        reason = (
+            f"Preempted by {by} ({why}): removed from Serve until there is room (it runs another spec than its "
+            "file's: its file is invalid or removed, or its update waits, so it cannot be scaled down; its team "
+            "holds more work that cannot be preempted than its nominal quota: only what fits it is protected)"
+        )
     return Action(
         ActionType.SCALE_MODEL,
         w.key,

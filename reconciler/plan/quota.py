@@ -79,6 +79,16 @@ def protected_replicas(model: ModelSpec | None, replicas: int, cluster: ClusterS
     return min(replicas, model.min_replicas)
 
 
+def stale_model(live: ActualModel, spec: ModelSpec | None, cluster: ClusterSpec) -> bool:
+    """Whether running model ``live`` runs another spec than its file's ``spec`` (None: the file
+    is invalid or gone): its update waits or is applied by this plan, or it is kept as it runs.
+    A ``source: task:`` model's spec hash names its checkpoint, which only the planner resolves:
+    never stale here."""
+    if spec is None:
+        return True
+    return not spec.source_task and live.spec_hash != model_spec_hash(spec, cluster)
+
+
 def protection(model: ModelSpec, cluster: ClusterSpec) -> str:
     """Why some of ``model``'s replicas are never preempted, in words."""
     if model.source_task:
@@ -182,7 +192,7 @@ class Ledger:
         pending: list[Part] = []
         per_node = bool(capacity.nodes)
         guard = firm_rule(cluster)
-        cappable: list[tuple[ActualModel, ModelSpec, int]] = []
+        cappable: list[tuple[ActualModel, ModelSpec | None, int]] = []
         # Plain loops: at 10,000 owned objects, building per-object dicts dominated the re-plan time.
         for model in actual.models.values():
             waiting = max(0, model.replicas - model.ready_replicas)
@@ -218,43 +228,55 @@ class Ledger:
         return ledger
 
     def _count_firm(
-        self, model: ActualModel, spec: ModelSpec | None, cappable: list[tuple[ActualModel, ModelSpec, int]]
+        self, model: ActualModel, spec: ModelSpec | None, cappable: list[tuple[ActualModel, ModelSpec | None, int]]
     ) -> None:
         """Count the GPUs of running ``model`` (``spec``: its file's) that reclaim cannot stop; a
-        model preemption can scale down goes to ``cappable`` too (:meth:`_cap_firm`)."""
-        # A model running another spec than its file's is replaced by this plan (or keeps running
-        # while its update waits): none of it is preempted, so all of it is firm.
-        if spec is not None and not spec.source_task and model.spec_hash != model_spec_hash(spec, self.cluster):
-            spec = None
-        replicas = protected_replicas(spec, model.replicas, self.cluster)
+        model preemption can stop goes to ``cappable`` too (:meth:`_cap_firm`)."""
+        # A model running another spec than its file's (its update waits, its file is invalid,
+        # or gone while the mass-deletion guard holds its deletion) is never scaled down, so all
+        # of it is firm; past its queue's limit it can still be removed whole.
+        stale = stale_model(model, spec, self.cluster)
+        replicas = protected_replicas(None if stale else spec, model.replicas, self.cluster)
         firm = replicas * model_gpus(model)
         if firm:
             self.firm_models[model.key] = firm
             group = self.cluster.team_of(model.key.user)
             self.firm[group] = self.firm.get(group, 0.0) + firm
-            if spec is not None and not spec.source_task and self.cluster.preemption.models:
+            if self.cluster.preemption.models and (stale or (spec is not None and not spec.source_task)):
                 cappable.append((model, spec, replicas))
 
-    def _cap_firm(self, cappable: list[tuple[ActualModel, ModelSpec, int]]) -> None:
+    def _cap_firm(self, cappable: list[tuple[ActualModel, ModelSpec | None, int]]) -> None:
         """Keep each queue's firm GPUs within what it may hold (:func:`firm_limit`). Admission
         keeps them there, but a file may raise or drop ``min_replicas`` without a restart (it
         is not in the spec hash), and the admin may lower a quota: protection past the limit
         would shield borrowed GPUs for good. Of the models preemption can scale down, the
         highest priority, then the oldest, keep their protected replicas first; the others'
-        are left to reclaim (never to their own team's preemption)."""
-        groups: dict[str, list[tuple[ActualModel, ModelSpec, int]]] = {}
+        are left to reclaim (never to their own team's preemption). A model running another spec
+        than its file's (:func:`stale_model`) comes last and keeps all its replicas or none: it
+        cannot be scaled down, only removed (breaking a file, or holding an update back, would
+        otherwise shield what it borrows)."""
+        groups: dict[str, list[tuple[ActualModel, ModelSpec | None, int]]] = {}
         for item in cappable:
             groups.setdefault(self.cluster.team_of(item[0].key.user), []).append(item)
+
+        def order(item: tuple[ActualModel, ModelSpec | None, int]) -> tuple[bool, int, int, ObjectKey]:
+            model, spec = item[0], item[1]
+            stale = stale_model(model, spec, self.cluster)
+            priority = self.cluster.priority_value("model", spec.priority if spec is not None else None)
+            return stale, -priority, spec.created_at if spec is not None else 0, model.key
+
         for group, items in groups.items():
             limit = firm_limit(self.cluster, group, self.total)
             held = self.firm.get(group, 0.0)
             if limit is None or held <= limit + EPS:
                 continue
             left = limit - (held - sum(n * model_gpus(m) for m, _s, n in items))
-            items.sort(key=lambda i: (-self.cluster.priority_value("model", i[1].priority), i[1].created_at, i[0].key))
-            for model, _spec, replicas in items:
+            items.sort(key=order)
+            for model, spec, replicas in items:
                 per = model_gpus(model)
                 keep = min(replicas, max(0, math.floor(left / per + EPS)))
+                if keep < replicas and stale_model(model, spec, self.cluster):
+                    keep = 0
                 left -= keep * per
                 self.floors[model.key] = keep
                 self.firm_models[model.key] = keep * per

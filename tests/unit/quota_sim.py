@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 
 from hypothesis import strategies as st
 
+from reconciler.errors import Issue
 from reconciler.plan.actions import ActionType, Plan
 from reconciler.plan.actual import PREEMPTED, ActualJob, ActualModel, ActualState, Capacity, NodeCapacity
 from reconciler.plan.planner import plan
@@ -165,8 +166,14 @@ class Sim:
             )
             self._place(sid, resources)
         for action in result.of(ActionType.DEPLOY_MODEL, ActionType.UPDATE_MODEL, ActionType.SCALE_MODEL):
-            spec = self.desired.models[action.key]
             replicas = action.replicas or 0
+            if not replicas:  # preempted down to none: its application leaves Serve
+                self.models.pop(action.key, None)
+                if action.preempted_by is not None:
+                    self.preempted[action.key] = action.preempted_by
+                    self.edges.append((action.preempted_by, action.key))
+                continue
+            spec = self.desired.models[action.key]
             before = self.models[action.key].replicas if action.key in self.models else 0
             per = {"GPU": float(spec.gpus_per_replica)}
             self.models[action.key] = ActualModel(
@@ -205,6 +212,26 @@ class Sim:
                 spec = self.desired.models[key]
                 edit = {"replicas": replicas} if kind == "scale" else {"min_replicas": floor and spec.replicas}
                 self.desired.models[key] = replace(self.desired.models[key], **edit)
+        elif kind == "bump":
+            ours = [k for k in mine if k.kind == "model"]
+            if ours:
+                # A new spec (a restart, admitted as an update) of any size: one that waits or can
+                # never fit keeps the old version running as it runs.
+                key = ours[i % len(ours)]
+                self.desired.models[key] = replace(self.desired.models[key], gpus_per_replica=gpus)
+        elif kind == "break":
+            if mine:
+                # The file stops loading: the object is kept as it runs, its spec unknown.
+                key = mine[i % len(mine)]
+                self.desired.tasks.pop(key, None)
+                self.desired.models.pop(key, None)
+                self.desired.invalid[key] = [Issue(f"users/{user}/{key.kind}s/{key.name}.yaml", 1, "broken")]
+        elif kind == "drop":
+            # Every file of the user's at once: with few objects in the cluster, the mass-deletion
+            # guard holds the deletions back and what runs keeps running.
+            for key in mine:
+                self.desired.tasks.pop(key, None)
+                self.desired.models.pop(key, None)
         elif mine:
             key = mine[0]
             self.desired.tasks.pop(key, None)
@@ -215,7 +242,9 @@ class Sim:
 # user's finished training run (`source: task:`), a new replica count for one of the user's
 # models, the removal of one of the user's objects, or ("floor") protecting every replica of one of
 # the user's models by dropping min_replicas or raising it to its replicas (not in the spec hash:
-# nothing restarts, admission never sees it).
+# nothing restarts, admission never sees it); "bump": a new spec for one of the user's models (an
+# update, which may wait or never fit); "break": one of the user's files stops loading; "drop": every
+# file of the user's removed at once (which may trip the mass-deletion guard).
 KINDS = ["task", "task", "model", "model", "sft", "scale", "delete"]
 SIZES = (
     st.integers(1, 4),  # GPUs (a task's, or one replica's)
@@ -223,6 +252,6 @@ SIZES = (
     st.sampled_from([None, "high", "mid", "low"]),
     st.sampled_from([None, None, 0, 1, 2, 3]),  # min_replicas
 )
-WORK = st.tuples(st.sampled_from([*KINDS, "floor", "floor"]), *SIZES)
+WORK = st.tuples(st.sampled_from([*KINDS, "floor", "floor", "bump", "break", "drop"]), *SIZES)
 ADMITTED = st.tuples(st.sampled_from(KINDS), *SIZES)  # every change goes through admission
 ANYONE = st.sampled_from([*(m for ms in MEMBERS.values() for m in ms), LONER])

@@ -87,17 +87,17 @@ def test_no_preemption_cycle_over_any_push_sequence(
 @given(clusters(), st.lists(st.tuples(ANYONE, WORK), min_size=2, max_size=16), st.sampled_from(TEAMS), st.data())
 def test_a_team_gets_its_nominal_quota_within_one_tick(cluster_total, pushes, team_name, data) -> None:  # type: ignore[no-untyped-def]
     """Whatever the others run (other teams and users in no team: tasks, models with or without
-    min_replicas, models serving a finished training run, scale-ups that wait or never fit,
-    removals), a team asking for work within its nominal quota (GPUs and driver slots; a task
-    or a model) gets it admitted in the very next tick: by idle capacity or by reclaiming what
+    min_replicas, models serving a finished training run, scale-ups and updates that wait or never
+    fit, files that stop loading, removals, removals the mass-deletion guard holds), a team asking
+    for work within its nominal quota (GPUs and driver slots; a task or a model) gets it admitted
+    in the very next tick: by idle capacity or by reclaiming what
     others borrowed of it. Everything that borrows is reclaimable, so this holds whatever
     `preemption.models` says.
 
     Assumptions (the guarantee's, docs/scheduling.md): `reclaim: Any` (LowerPriority lets
     equal-priority borrowers stay), `min_run_seconds: 0` (a younger task is reclaimed once it has
     run that long), quotas that add up to no more than the cluster, no per-node view (argus
-    reclaims on the sums; fragmented free GPUs are the documented gap), and no model whose update
-    waits or whose file is broken (its old version is kept as it runs, unpreempted)."""
+    reclaims on the sums; fragmented free GPUs are the documented gap)."""
     cluster, total = cluster_total
     cluster = replace(cluster, preemption=replace(cluster.preemption, reclaim="Any"))
     team = cluster.teams.get(team_name)
