@@ -17,7 +17,7 @@ inputs it was computed from, and computes again only when one of them differs.
   are computed again.
 - The plan's one sort order is kept as a sorted list, updated by insertion and removal.
 
-Admission and the mass-deletion guard run in full on every plan, as in the full planner: they
+The mass-deletion guard and admission run in full on every plan, as in the full planner: they
 cost nothing when no object waits for admission (and no team is declared) and nothing is
 deleted; otherwise they are linear in the actual state.
 
@@ -31,7 +31,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from operator import itemgetter
 
-from reconciler.plan.actions import Action, Plan
+from reconciler.plan.actions import Action, ActionType, Plan
 from reconciler.plan.actual import ActualJob, ActualModel, ActualState, Capacity
 from reconciler.plan.admission import Candidate, admit
 from reconciler.plan.assess import ObjectStatus, object_status
@@ -248,12 +248,21 @@ class IncrementalPlanner:
                 cands.append(Candidate(order.of(key, step.created_at), step.action, step.request))
             for key in sorted(self._deleting[phase]):
                 deletions.extend(memo[key].step.deletions)
-        busy = frozenset(self._busy[_MODELS] | self._busy[_TASKS])
+        # The guard first, as in the full planner: an object whose deletion it holds keeps running
+        # and stays preemptible unless its step changes it otherwise.
+        guarded = guard(desired, actual, deletions, result)
+        busy = set(self._busy[_MODELS] | self._busy[_TASKS])
+        held = {a.key for a in guarded if a.held}
+        for phase, memo in ((_MODELS, self._models), (_TASKS, self._tasks)):
+            for key in held & self._deleting[phase]:
+                step = memo[key].step
+                if step.action is None and all(a.type is ActionType.KEEP for a in step.out):
+                    busy.discard(key)
         extra = [
             (_sort_key(a, _ADMITTED, i), a)
-            for i, a in enumerate(admit(desired, actual, capacity, cands, result, now=now, busy=busy))
+            for i, a in enumerate(admit(desired, actual, capacity, cands, result, now=now, busy=frozenset(busy)))
         ]
-        extra.extend((_sort_key(a, _GUARDED, i), a) for i, a in enumerate(guard(desired, actual, deletions, result)))
+        extra.extend((_sort_key(a, _GUARDED, i), a) for i, a in enumerate(guarded))
         result.actions = self._merged(extra)
         self._serial = desired.serial
         self._extra = {}

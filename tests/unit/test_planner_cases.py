@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from reconciler.plan.actual import ActualState
+from reconciler.plan.incremental import IncrementalPlanner
 from reconciler.plan.planner import latest_success, plan
 from reconciler.spec.hashing import model_spec_hash, submission_id, task_spec_hash
 from reconciler.spec.loader import SourceFile, load
@@ -133,3 +134,13 @@ def test_plan_is_sorted_by_the_one_order() -> None:
         desired, actual, expected = load_case(CASES / name)
         actions = plan(desired, actual, **expected["plan_options"]).actions
         assert [a.sort_key for a in actions] == sorted(a.sort_key for a in actions), name
+
+
+@pytest.mark.parametrize("name", case_names())
+def test_the_incremental_planner_plans_each_case_as_the_full_one(name: str) -> None:
+    """The daemon plans with IncrementalPlanner: every case must come out of it exactly as from
+    :func:`plan` (a rule added to one and not the other shows here by name)."""
+    desired, actual, expected = load_case(CASES / name)
+    assert IncrementalPlanner().plan(desired, actual, **expected["plan_options"]) == plan(
+        desired, actual, **expected["plan_options"]
+    )
