@@ -34,7 +34,7 @@ OWNERSHIP_KEY = "/var/cache/argus/state/ownership.key"
 STATE_DIR = "/var/cache/argus"
 REPO = "/srv/git/config.git"
 SIGNERS = "/run/argus/allowed_signers"
-DAEMON_MOUNTS = ("/srv/git", "/var/cache/argus", "/keys", "/run/argus")
+DAEMON_MOUNTS = ("/var/cache/argus", "/srv/git", "/keys", "/run/argus")
 # File names searched for anywhere on the file system (a copy the daemon might have left somewhere).
 NAMES = {"ownership.key": "ownership_key", "allowed_signers": "allowed_signers", "config.git": "git_repository"}
 SKIP = ("/proc", "/sys", "/dev")
