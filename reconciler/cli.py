@@ -16,7 +16,6 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from reconciler import __version__
 from reconciler.dashboard import Dashboard
 from reconciler.errors import ArgusError, ConfigError, Issue, MissingExtra
 from reconciler.plan import render
@@ -594,6 +593,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo.main()
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: ``argus <version> (commit <sha>|unknown)``. The commit is looked up only when asked
+    (a git call): every other command starts without it."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from reconciler.scaffold import argus_commit, argus_version
+
+        print(f"argus {argus_version()} (commit {argus_commit() or 'unknown'})")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="argus",
@@ -601,7 +614,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"argus {__version__}")
+    parser.add_argument("--version", action=_VersionAction, help="print the version and commit, then exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     v = sub.add_parser(
