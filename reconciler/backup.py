@@ -14,7 +14,9 @@ The state folder is read before the repository is mirrored: the anchor and the l
 names are then always in the mirror (a commit made in between only descends from them).
 
 Restore writes a state folder and a local bare repository (the daemon's ``--repo``), and refuses to
-write over a non-empty one without ``force`` (a replaced state folder is kept beside, renamed). The
+write over a non-empty one without ``force`` (a replaced state folder is kept beside, renamed). It leaves
+out the lease (``refs/argus/lease``: which daemon was running at backup time), so the restored daemon
+takes it at start instead of waiting for it to expire. The
 anchors in the state folder are named after the repository URL and branch the daemon was given
 (``trust-<digest>.json``, ``status-<digest>.json``); when the restored daemon is given another URL,
 restore renames them for it, so the restored daemon keeps its rollback protection.
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 from reconciler import __version__, git
 from reconciler.errors import ArgusError, GitError
 from reconciler.redact import redact_url
+from reconciler.status.lease import LEASE_REF
 
 FORMAT = 1
 MANIFEST = "argus-backup.json"
@@ -260,6 +263,9 @@ def restore(
         mirror = os.path.join(tmp, REPO)
         _extract(tar, members, REPO, mirror)
         git.run(mirror, "rev-parse", "--git-dir")  # a repository, or GitError before anything is written
+        # The lease names the daemon that was running when the backup was taken: not part of the record, and
+        # restored it would keep the restored daemon waiting for it to expire (reconciler/status/lease.py).
+        git.run(mirror, "update-ref", "-d", LEASE_REF)
 
         replaced = None
         if os.path.isdir(state_dir) and os.listdir(state_dir):

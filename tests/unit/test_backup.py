@@ -46,6 +46,7 @@ def site(tmp_path: Path) -> tuple[ConfigRepo, Path, Path]:
     git(repo.work, "add", "-A")
     git(repo.work, "commit", "-q", "-m", "status")
     git(repo.work, "push", "-q", "origin", "HEAD:refs/heads/argus/status")
+    git(repo.bare, "update-ref", "refs/argus/lease", head)  # a running daemon's lease
     state = tmp_path / "cache" / "state"
     state.mkdir(parents=True, mode=0o700)
     (state / "ownership.key").write_text(KEY)
@@ -84,7 +85,9 @@ def test_archive_holds_state_repository_and_secrets_with_their_modes(
     assert (new_state / "ownership.key").read_text() == KEY
     assert mode(new_state / "ownership.key") == 0o600 and mode(new_state) == 0o700
     assert mode(new_secrets / "ray_auth_token") == 0o600
-    assert refs(new_repo) == refs(repo.bare)
+    # Every ref but the lease of the daemon that was running at backup time.
+    assert "refs/argus/lease" in manifest["refs"]  # type: ignore[operator]
+    assert refs(new_repo) == {r: sha for r, sha in refs(repo.bare).items() if r != "refs/argus/lease"}
     assert git(new_repo, "notes", "--ref=argus", "show", "main").strip() == "applied"
     assert git(new_repo, "rev-parse", "--is-bare-repository").strip() == "true"
     # The anchors follow the repository's new URL: the restored daemon finds them.
@@ -111,7 +114,7 @@ def test_restore_refuses_to_overwrite_without_force(site: tuple[ConfigRepo, Path
     # An existing empty bare repository (the git server made it) is not "non-empty".
     git(tmp_path, "init", "-q", "--bare", str(fresh))
     restore(str(archive), state_dir=str(empty_state), repo=str(fresh))
-    assert refs(fresh) == before
+    assert refs(fresh) == {r: sha for r, sha in before.items() if r != "refs/argus/lease"}
 
     # --force: the state folder that was there is kept beside, renamed; the repository gets the backup's refs.
     (state / "ownership.key").write_text("f" * 64 + "\n")
@@ -120,7 +123,7 @@ def test_restore_refuses_to_overwrite_without_force(site: tuple[ConfigRepo, Path
     done = restore(str(archive), state_dir=str(state), repo=str(repo.bare), force=True)
     assert done.replaced_state and Path(done.replaced_state, "ownership.key").read_text() == "f" * 64 + "\n"
     assert (state / "ownership.key").read_text() == KEY
-    assert refs(repo.bare) == before, "refs made after the backup are gone (--prune)"
+    assert refs(repo.bare) == {r: s for r, s in before.items() if r != "refs/argus/lease"}, "--prune: refs since go"
 
 
 def test_restore_refuses_what_is_not_an_argus_backup(site: tuple[ConfigRepo, Path, Path], tmp_path: Path) -> None:
