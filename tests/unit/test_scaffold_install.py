@@ -16,7 +16,10 @@ import zipfile
 from pathlib import Path
 from types import ModuleType
 
+import yaml
+
 from reconciler import __version__
+from reconciler.scaffold import files
 from tests.support import git
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,3 +96,16 @@ def test_the_build_hook_records_only_a_checkout_of_this_tree(tmp_path: Path) -> 
         assert setup.checkout_commit(str(ROOT)) is None
     finally:
         os.environ["PATH"] = env_path
+
+
+def _yaml_blocks(path: Path) -> list[str]:
+    return re.findall(r"^```yaml\n(.*?)^```", path.read_text(encoding="utf-8"), re.M | re.S)
+
+
+def test_the_docs_show_the_templates_argus_init_writes() -> None:
+    """The admin chapter's GPU cluster.yaml is argus init's, and the users' first model is its example model."""
+    scaffold = files(user="alice")
+    assert scaffold["cluster.yaml"] in _yaml_blocks(ROOT / "docs" / "admins" / "install.md")
+    access = (ROOT / "docs" / "users" / "getting-access.md").read_text(encoding="utf-8")
+    (model,) = re.findall(r"cat > users/alice/models/hello.yaml <<'EOF'\n(.*?)^EOF", access, re.M | re.S)
+    assert yaml.safe_load(model) == yaml.safe_load(scaffold["users/alice/models/chat.yaml"])
