@@ -16,6 +16,7 @@ import zipfile
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import yaml
 
 from reconciler import __version__
@@ -23,6 +24,15 @@ from reconciler.scaffold import files
 from tests.support import git
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _a_checkout() -> None:
+    """Both tests build from, or read, this checkout's git history."""
+    if not (ROOT / ".git").exists():
+        if os.environ.get("CI"):
+            pytest.fail("not a git checkout", pytrace=False)
+        pytest.skip("not a git checkout")
 
 
 def _setup_module() -> ModuleType:
