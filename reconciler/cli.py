@@ -16,7 +16,6 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from reconciler import __version__
 from reconciler.dashboard import Dashboard
 from reconciler.errors import ArgusError, ConfigError, Issue, MissingExtra
 from reconciler.plan import render
@@ -51,6 +50,7 @@ examples:
   argus plan . --actual actual.json --format markdown   preview a pull request
   argus render alice/tasks/gsm8k .       what the task will run (verl argv, env, resources)
   docker compose exec argus argus-node argus doctor   check an installation, one line per part
+  argus backup --to argus-backup.tar.gz  archive the daemon's state and the config repository
 """
 
 
@@ -560,6 +560,44 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_backup(args: argparse.Namespace) -> int:
+    from reconciler.backup import backup
+
+    manifest = backup(
+        args.to,
+        repo=args.repo,
+        state_dir=os.path.join(args.cache_dir, "state"),
+        branch=args.branch,
+        status_branch=args.status_branch,
+        secrets_dir=args.secrets,
+    )
+    refs = manifest["refs"]
+    count = len(refs) if isinstance(refs, dict) else 0
+    print(f"wrote {args.to}: the state folder, {redact_url(args.repo)} ({count} refs), {manifest['files']} files")
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from reconciler.backup import restore
+
+    done = restore(
+        args.archive,
+        state_dir=os.path.join(args.cache_dir, "state"),
+        repo=args.repo,
+        secrets_dir=args.secrets,
+        force=args.force,
+    )
+    if done.replaced_state:
+        print(f"moved the state folder that was there to {done.replaced_state}")
+    print(f"restored the state folder {done.state_dir} and the repository {done.repo}")
+    for old, new in done.renamed:
+        print(f"renamed {old} -> {new} (the repository is now {done.repo})")
+    if done.secrets_dir:
+        print(f"restored the secret files into {done.secrets_dir}")
+    print("start the daemon with --repo " + done.repo + " and --cache-dir " + args.cache_dir)
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from reconciler.doctor import Settings, run_checks
 
@@ -594,6 +632,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo.main()
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: ``argus <version> (commit <sha>|unknown)``. The commit is looked up only when asked
+    (a git call): every other command starts without it."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from reconciler.scaffold import argus_commit, argus_version
+
+        print(f"argus {argus_version()} (commit {argus_commit() or 'unknown'})")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="argus",
@@ -601,7 +653,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"argus {__version__}")
+    parser.add_argument("--version", action=_VersionAction, help="print the version and commit, then exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     v = sub.add_parser(
@@ -840,6 +892,58 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--timeout", type=float, default=10.0, help="seconds each check may take (default: 10)")
     dr.add_argument("--format", choices=["text", "json"], default="text")
     dr.set_defaults(func=cmd_doctor)
+
+    bk = sub.add_parser(
+        "backup",
+        help="archive the daemon's state folder and a mirror of the config repository (status branch, notes)",
+        description="Write one archive (gzipped tar, mode 0600: it holds the ownership key) of what argus cannot "
+        "rebuild: <cache dir>/state (ownership key, last applied head, status anchor) and a mirror of the config "
+        "repository with every ref (the status branch and refs/notes/argus included), and optionally the files "
+        "of a secrets folder. Run it where the daemon runs, with its settings (compose: "
+        "`docker compose exec argus argus-node argus backup --to /tmp/argus-backup.tar.gz`); the daemon may keep "
+        "running.",
+    )
+    bk.add_argument("--to", required=True, metavar="FILE.tar.gz", help="the archive to write (replaced whole)")
+    bk.add_argument(
+        "--repo",
+        default=_env("REPO"),
+        required=_env("REPO") is None,
+        help="the daemon's config repository, as the daemon is given it [ARGUS_REPO]",
+    )
+    bk.add_argument("--branch", default=_env("BRANCH", "main"), help="the deployed branch [ARGUS_BRANCH]")
+    bk.add_argument("--status-branch", default=_env("STATUS_BRANCH", "argus/status"), help="[ARGUS_STATUS_BRANCH]")
+    bk.add_argument(
+        "--cache-dir",
+        default=_env("CACHE_DIR", os.path.expanduser("~/.cache/argus")),
+        help="the daemon's cache folder; its state/ is archived [ARGUS_CACHE_DIR]",
+    )
+    bk.add_argument("--secrets", metavar="DIR", help="also archive the files in DIR (e.g. compose's secrets/)")
+    bk.set_defaults(func=cmd_backup)
+
+    rs = sub.add_parser(
+        "restore",
+        help="restore an `argus backup` archive: the state folder and the config repository",
+        description="Write the archive's state folder into <cache dir>/state (file modes kept: the ownership "
+        "key stays 0600) and every ref of its repository into --repo, a local bare repository (created when "
+        "absent). Refuses a non-empty state folder, a repository with refs or an existing secret file unless "
+        "--force (the state folder that was there is kept, renamed). Run it with the daemon stopped, then start "
+        "the daemon with the same --repo and --cache-dir.",
+    )
+    rs.add_argument("archive", metavar="FILE.tar.gz")
+    rs.add_argument(
+        "--repo",
+        default=_env("REPO"),
+        required=_env("REPO") is None,
+        help="the bare repository to restore into: a local path, as the daemon will be given it [ARGUS_REPO]",
+    )
+    rs.add_argument(
+        "--cache-dir",
+        default=_env("CACHE_DIR", os.path.expanduser("~/.cache/argus")),
+        help="the daemon's cache folder; the state goes to its state/ [ARGUS_CACHE_DIR]",
+    )
+    rs.add_argument("--secrets", metavar="DIR", help="write the archive's secret files into DIR")
+    rs.add_argument("--force", action="store_true", help="restore over a non-empty state folder or repository")
+    rs.set_defaults(func=cmd_restore)
 
     dm = sub.add_parser(
         "demo",

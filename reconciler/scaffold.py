@@ -14,7 +14,8 @@ Where CI and pre-commit get argus from is one setting, the *argus source* ``git+
 published on a package index (a name there could be claimed by anyone, and would run in every config
 repository's CI), so the workflow and README install ``argus-reconciler @ git+<URL>@<REV>`` and the
 pre-commit example names ``repo: <URL>`` with ``rev: <REV>``. The default pins the commit this argus runs
-from (a revision that exists) at a URL placeholder the admin replaces.
+from (a revision that exists: the checkout's, or the one recorded in the package at build time) at a URL
+placeholder the admin replaces; when that commit is unknown, the release tag ``v<version>``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass
 
 from reconciler import __version__, git
@@ -82,32 +84,59 @@ def parse_source(text: str) -> ArgusSource:
     return ArgusSource(url, rev)
 
 
-def argus_commit() -> str | None:
-    """The commit of the argus checkout this code runs from (an editable or source install), or None."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if not os.path.exists(os.path.join(root, ".git")):
-        return None
+BUILD_COMMIT_FILE = "_build_commit.txt"  # written into the package by setup.py when built from a checkout
+
+
+def argus_version() -> str:
+    """The installed distribution's version (``importlib.metadata``), else the package's ``__version__``
+    (running from a checkout that was never installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        out = git.probe(root, "rev-parse", "--verify", "-q", "HEAD^{commit}", timeout=10)
-    except GitError:
+        return version("argus-reconciler")
+    except PackageNotFoundError:
+        return __version__
+
+
+def argus_commit() -> str | None:
+    """The commit this argus runs from: the live checkout's HEAD (an editable install, a clone on the
+    path), else the commit recorded in the package when it was built from a checkout (pip builds
+    ``git+<URL>@<REV>`` from a clone; see setup.py). Returns None when neither is known (a wheel built
+    from an sdist or outside git)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    if os.path.exists(os.path.join(root, ".git")):
+        try:
+            out = git.probe(root, "rev-parse", "--verify", "-q", "HEAD^{commit}", timeout=10)
+        except GitError:
+            out = None
+        sha = out.stdout.decode(errors="replace").strip() if out is not None and out.returncode == 0 else ""
+        if re.fullmatch(r"[0-9a-f]{40}", sha):
+            return sha
+    try:
+        with open(os.path.join(here, BUILD_COMMIT_FILE), encoding="ascii") as fh:
+            recorded = fh.read(100).strip()
+    except (OSError, UnicodeDecodeError):
         return None
-    sha = out.stdout.decode(errors="replace").strip()
-    return sha if out.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}", sha) else None
+    return recorded if re.fullmatch(r"[0-9a-f]{40}", recorded) else None
 
 
 def default_source() -> ArgusSource:
-    """The URL placeholder pinned to the commit this argus runs from.
-
-    Raises ArgusError when that commit is unknown (argus installed from a wheel): then the admin must say
-    which revision to pin (``--argus-source``), since a version tag may not exist.
-    """
+    """The URL placeholder pinned to the commit this argus runs from (:func:`argus_commit`); when that
+    commit is unknown, pinned to the release tag ``v<version>`` instead, with a note on stderr (the tag
+    exists only where the release step pushed it: ``--argus-source ...@<commit>`` is the pin that always
+    works). Returns the source; raises nothing."""
     commit = argus_commit()
-    if commit is None:
-        raise ArgusError(
-            "cannot tell which argus commit this is (not a git checkout): pass "
-            "--argus-source git+<argus repository URL>@<commit or tag>"
-        )
-    return ArgusSource(URL_PLACEHOLDER, commit)
+    if commit is not None:
+        return ArgusSource(URL_PLACEHOLDER, commit)
+    tag = f"v{argus_version()}"
+    print(
+        f"note: this argus does not know its commit (installed from a wheel built outside a git checkout): pinning "
+        f"the release tag {tag}; if your argus repository has no such tag, pass --argus-source "
+        "git+<argus repository URL>@<commit>",
+        file=sys.stderr,
+    )
+    return ArgusSource(URL_PLACEHOLDER, tag)
 
 
 def current_source(dir: str) -> ArgusSource | None:
