@@ -1,0 +1,255 @@
+"""A new user's first mistakes get ``path:line`` and a plain message with what to do (issue #32).
+
+YAML syntax (tabs, indentation, a missing ``:``, an unclosed quote, duplicate keys), values YAML
+reads as something else than the string the field needs (``2026-01-02``, ``yes``, ``1.10``), quota
+and file-name errors, and verl overrides whose value has the wrong type. Every message is checked
+for its exact line and for what a user must never see: a Python repr or a parser's internals.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from reconciler.spec import yamldoc
+from reconciler.spec.loader import STOPPED, SourceFile, load
+from reconciler.spec.types import DesiredState
+
+TASK = "users/alice/tasks/x.yaml"
+MODEL = "users/alice/models/x.yaml"
+HEAD = "kind: Task\nworkload: command\ncommand: python train.py\n"
+# What a user must never read: Python's repr of a value or type, a traceback, the parser's state.
+NEVER = ("datetime.", "<class", "Traceback", "b'", "while scanning", "while parsing", "could not find expected")
+
+
+@pytest.fixture(autouse=True, params=["libyaml", "pure-python"])
+def yaml_parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every case runs with libyaml's C parser and with the pure-Python one: same messages, same lines."""
+    if request.param == "libyaml" and not yamldoc.HAS_LIBYAML:
+        if os.environ.get("CI"):
+            pytest.fail("PyYAML was built without libyaml", pytrace=False)
+        pytest.skip("PyYAML was built without libyaml")
+    monkeypatch.setattr(yamldoc, "USE_LIBYAML", request.param == "libyaml")
+    return str(request.param)
+
+
+def source_file(path: str, text: str) -> SourceFile:
+    data = text.encode()
+    return SourceFile(path, data, hashlib.sha1(data).hexdigest())
+
+
+def shown(state: DesiredState, path: str) -> list[str]:
+    """``path``'s issues as ``argus validate`` prints them, each checked for what must never show."""
+    out = [str(i) for i in state.issues if i.path == path]
+    for text in out:
+        assert not any(bad in text for bad in NEVER), text
+    return out
+
+
+def only(path: str, text: str) -> str:
+    """The one issue of ``path`` holding ``text``, as printed."""
+    (issue,) = shown(load([source_file(path, text)]), path)
+    return issue
+
+
+# (name, file text, the printed issue: path:line[:column]: message)
+SYNTAX = [
+    (
+        "tab-indents-a-key",
+        "kind: Task\nworkload: command\nenv:\n\tA: b\ncommand: x\n",
+        f"{TASK}:4:1: invalid YAML: a tab indents this line; YAML indents with spaces only: replace the tab with "
+        f"spaces{STOPPED}",
+    ),
+    (
+        "tab-after-a-value",
+        "kind: Task\nworkload: command\ncommand: a\tb\n",
+        f"{TASK}:3:11: invalid YAML: a tab here is not allowed outside quotes; use spaces, or quote the value{STOPPED}",
+    ),
+    (
+        "key-indented-too-far",
+        "kind: Task\nworkload: command\nenv:\n  A: b\n    B: c\ncommand: x\n",
+        f"{TASK}:5:6: invalid YAML: this key is indented more than the keys above it: indent it like the keys it "
+        f"belongs with (or, if it belongs under the key above, that key must have no value on its own line){STOPPED}",
+    ),
+    (
+        "key-indented-to-no-level",
+        "kind: Task\nworkload: command\nenv:\n  A: b\n B: c\ncommand: x\n",
+        f"{TASK}:5:2: invalid YAML: bad indentation: this line is indented to a level no line above it uses; indent "
+        f"it like the keys (or list items) it belongs with{STOPPED}",
+    ),
+    (
+        "list-item-where-a-key-goes",
+        "kind: Task\nworkload: command\ncommand: x\n- nodes: 1\n",
+        f"{TASK}:4:1: invalid YAML: a list item (`- `) where a key was expected: indent the items under their "
+        f"key{STOPPED}",
+    ),
+    (
+        # PyYAML notices on the next line; the mistake is on line 2.
+        "missing-colon",
+        "kind: Task\nworkload command\ncommand: x\n",
+        f"{TASK}:2:1: invalid YAML: this line is not `key: value`: a `:` is missing (write `key: value`, a space "
+        f"after the colon){STOPPED}",
+    ),
+    (
+        "colon-without-a-space",
+        "kind: Task\nworkload: command\nnodes:1\ncommand: x\n",
+        f"{TASK}:3:1: invalid YAML: a `:` must be followed by a space (`key: value`){STOPPED}",
+    ),
+    (
+        "colon-and-space-in-an-unquoted-value",
+        "kind: Task\nworkload: command\ncommand: python x.py --note: hi\n",
+        f"{TASK}:3:28: invalid YAML: a value holds `: ` (a colon and a space); quote the value{STOPPED}",
+    ),
+    (
+        # Reported where the quote opens, not at the end of the file where PyYAML gives up.
+        "unclosed-double-quote",
+        'kind: Task\nworkload: command\ncommand: "python x.py\nnodes: 1\ngpus_per_node: 1\n',
+        f'{TASK}:3:10: invalid YAML: the " quote opened here is never closed; add the closing " at the end of the '
+        f"value{STOPPED}",
+    ),
+    (
+        "unclosed-single-quote",
+        "kind: Task\nworkload: command\ncommand: 'python x.py\nnodes: 1\n",
+        f"{TASK}:3:10: invalid YAML: the ' quote opened here is never closed; add the closing ' at the end of the "
+        f"value{STOPPED}",
+    ),
+    (
+        "text-after-a-closing-quote",
+        'kind: Task\nworkload: command\ncommand: "python" x.py\n',
+        f"{TASK}:3:19: invalid YAML: text follows a quoted value; quote the whole value, or remove the quotes{STOPPED}",
+    ),
+    (
+        "unclosed-list",
+        "kind: Task\nworkload: command\ncommand: x\noverrides: [a=1, b=2\nnodes: 1\n",
+        f"{TASK}:4:12: invalid YAML: the [ opened here is not closed with ] (or its items are not separated by `,`); "
+        f"if the value is not a YAML list or mapping, quote it{STOPPED}",
+    ),
+    (
+        "a-value-starting-with-a-reserved-character",
+        "kind: Task\nworkload: command\ncommand: @echo hi\n",
+        f"{TASK}:3:10: invalid YAML: a value cannot start with @ unless it is quoted; quote the value "
+        f'("@..."){STOPPED}',
+    ),
+    (
+        "a-windows-path-in-double-quotes",
+        'kind: Task\nworkload: command\ncommand: "C:\\data\\x"\n',
+        f"{TASK}:3:14: invalid YAML: 'd' after a backslash is not an escape in a \"double-quoted\" value; write the "
+        f"value in 'single quotes' (or write \\\\ for a backslash){STOPPED}",
+    ),
+    (
+        "template-braces",
+        "kind: Task\nworkload: command\ncommand: {{ run }}\n",
+        f"{TASK}:3: a key must be a plain name, not a mapping or list (a value that starts with `{{` or `[` must be "
+        f"quoted){STOPPED}",
+    ),
+    (
+        # An error at the second key's line, never last-one-wins.
+        "duplicate-key",
+        "kind: Task\nworkload: command\ncommand: x\nnodes: 1\ngpus_per_node: 2\nnodes: 2\n",
+        f"{TASK}:6:1: duplicate key 'nodes' (first defined on line 4); YAML would silently keep only the last one: "
+        f"delete one of them{STOPPED}",
+    ),
+    (
+        "duplicate-nested-key",
+        "kind: Task\nworkload: command\ncommand: x\nenv:\n  A: '1'\n  B: '2'\n  A: '3'\n",
+        f"{TASK}:7:3: duplicate key 'A' (first defined on line 5); YAML would silently keep only the last one: "
+        f"delete one of them{STOPPED}",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), [c[1:] for c in SYNTAX], ids=[c[0] for c in SYNTAX])
+def test_a_yaml_syntax_error_is_said_plainly_at_the_line_that_holds_it(text: str, expected: str) -> None:
+    assert only(TASK, text) == expected
+
+
+# (name, file, file text, the printed issue)
+NOT_A_STRING = [
+    (
+        "an-unquoted-date",
+        TASK,
+        HEAD + "env:\n  START: 2026-01-02\n",
+        f'{TASK}:5: env.START: expected a string, got 2026-01-02, which YAML reads as a date; quote it: "2026-01-02"',
+    ),
+    (
+        "an-unquoted-date-and-time",
+        TASK,
+        HEAD + "env:\n  START: 2026-01-02 10:00:00\n",
+        f"{TASK}:5: env.START: expected a string, got 2026-01-02 10:00:00, which YAML reads as a date and time; "
+        'quote it: "2026-01-02 10:00:00"',
+    ),
+    (
+        # YAML 1.1 reads 12:30:00 as a base-60 number: the message shows what was written.
+        "an-unquoted-time",
+        TASK,
+        HEAD + "env:\n  AT: 12:30:00\n",
+        f"{TASK}:5: env.AT: expected a string, got 12:30:00, which YAML reads as the number 45000; "
+        'quote it: "12:30:00"',
+    ),
+    (
+        "yes-is-a-boolean",
+        MODEL,
+        "kind: Model\nsource: org/name\nserved_name: yes\n",
+        f'{MODEL}:3: served_name: expected a string, got yes, which YAML reads as the boolean true; quote it: "yes"',
+    ),
+    (
+        "a-version-is-a-number",
+        TASK,
+        HEAD + "env:\n  VERSION: 1.10\n",
+        f'{TASK}:5: env.VERSION: expected a string, got 1.10, which YAML reads as the number 1.1; quote it: "1.10"',
+    ),
+    (
+        "a-number-where-a-command-goes",
+        TASK,
+        "kind: Task\nworkload: command\ncommand: 42\n",
+        f'{TASK}:3: command: expected a string, got 42, which YAML reads as the number 42; quote it: "42"',
+    ),
+    (
+        "a-date-as-an-override",
+        TASK,
+        "kind: Task\nworkload: grpo\nmodel: org/m\ndata:\n  train: $HOME/t.parquet\noverrides:\n  - 2026-01-02\n",
+        f"{TASK}:7: overrides[0]: expected a string, got 2026-01-02, which YAML reads as a date; "
+        'quote it: "2026-01-02"',
+    ),
+    (
+        "an-empty-value",
+        TASK,
+        HEAD + "env:\n  HF_TOKEN:\n",
+        f"{TASK}:5: env.HF_TOKEN: expected a string, got an empty value; write one (a string), or remove the key",
+    ),
+    (
+        "a-date-where-an-integer-goes",
+        TASK,
+        HEAD + "nodes: 2026-01-02\n",
+        f"{TASK}:4: nodes: expected an integer, got 2026-01-02 (a date)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "text", "expected"), [c[1:] for c in NOT_A_STRING], ids=[c[0] for c in NOT_A_STRING])
+def test_a_value_yaml_reads_as_no_string_says_what_was_written_and_to_quote_it(
+    path: str, text: str, expected: str
+) -> None:
+    assert only(path, text) == expected
+
+
+def test_yes_where_a_workload_goes_is_shown_as_written_everywhere() -> None:
+    state = load([source_file(TASK, "kind: Task\nworkload: yes\ncommand: x\n")])
+    issues = shown(state, TASK)
+    assert f"{TASK}:2: workload: yes (read as true) is not one of: ppo, grpo, sft, command" in issues
+    assert f"{TASK}:3: command: not allowed with workload: yes (read as true)" in issues
+
+
+def test_a_quoted_value_is_a_string_and_loads() -> None:
+    text = HEAD + "env:\n  START: '2026-01-02'\n  AT: \"12:30:00\"\n  VERSION: '1.10'\n  FLAG: 'yes'\n"
+    state = load([source_file(TASK, text)])
+    assert state.issues == []
+    env = next(iter(state.tasks.values())).env
+    assert env == {"START": "2026-01-02", "AT": "12:30:00", "VERSION": "1.10", "FLAG": "yes"}
+
+
+def test_the_written_text_is_recorded_only_where_yaml_read_something_else() -> None:
+    doc = yamldoc.parse("f.yaml", b"a: yes\nb: true\nc: 1.10\nd: 1.5\ne: 12:30\nf: 3\ng: 0x10\nh: ~\ni:\nj: 'x'\n")
+    assert doc.written == {("a",): "yes", ("c",): "1.10", ("e",): "12:30", ("g",): "0x10", ("h",): "~", ("i",): ""}
