@@ -253,3 +253,82 @@ def test_a_quoted_value_is_a_string_and_loads() -> None:
 def test_the_written_text_is_recorded_only_where_yaml_read_something_else() -> None:
     doc = yamldoc.parse("f.yaml", b"a: yes\nb: true\nc: 1.10\nd: 1.5\ne: 12:30\nf: 3\ng: 0x10\nh: ~\ni:\nj: 'x'\n")
     assert doc.written == {("a",): "yes", ("c",): "1.10", ("e",): "12:30", ("g",): "0x10", ("h",): "~", ("i",): ""}
+
+
+CLUSTER = "users:\n  alice:\n    gpus: 2\n"
+GRPO = "kind: Task\nworkload: grpo\nmodel: org/m\ndata:\n  train: $HOME/t.parquet\n"
+
+
+def never_runs_as_printed(files: dict[str, str]) -> list[str]:
+    """What ``argus validate`` prints for objects above their user's quota (errors, then warnings)."""
+    from reconciler.cli import never_runs
+
+    state = load([source_file(p, t) for p, t in files.items()])
+    assert state.issues == []
+    errors, warnings = never_runs(state)
+    for text in [*map(str, errors), *warnings]:
+        assert not any(bad in text for bad in NEVER), text
+    return [str(e) for e in errors] + [f"warning: {w}" for w in warnings]
+
+
+@pytest.mark.parametrize(
+    ("path", "text", "line"),
+    [
+        (TASK, GRPO + "nodes: 2\ngpus_per_node: 2\n", 6),  # the first size key written
+        (TASK, HEAD + "gpus_per_node: 4\nenv: {}\n", 4),
+        (TASK, "kind: Task\nworkload: command\ngpus_per_node: 3\ncommand: x\n", 3),
+        (MODEL, "kind: Model\nsource: org/name\ngpus_per_replica: 1\nreplicas: 3\n", 3),
+        (MODEL, "kind: Model\nsource: org/name\nengine_kwargs: {}\nreplicas: 3\n", 4),
+    ],
+    ids=["task-nodes", "task-gpus-per-node", "task-size-before-command", "model-gpus-per-replica", "model-replicas"],
+)
+def test_a_request_above_the_quota_is_reported_at_the_line_of_its_size(path: str, text: str, line: int) -> None:
+    (printed,) = never_runs_as_printed({"cluster.yaml": CLUSTER, path: text})
+    assert printed.startswith(f"{path}:{line}: needs "), printed
+    assert "but alice's quota is 2 GPUs: it can never run as written (UNSCHEDULABLE)" in printed
+
+
+def test_a_request_of_the_default_size_above_a_zero_quota_points_at_kind_or_source() -> None:
+    cluster = "users:\n  alice:\n    gpus: 0\n"
+    printed = never_runs_as_printed(
+        {"cluster.yaml": cluster, TASK: HEAD, MODEL: "kind: Model\nengine_kwargs: {}\nsource: org/name\n"}
+    )
+    assert [p.split(" needs ")[0] for p in printed] == [f"{MODEL}:3:", f"{TASK}:1:"]
+
+
+def test_a_request_that_may_wait_is_a_warning_at_the_same_line() -> None:
+    (printed,) = never_runs_as_printed({"cluster.yaml": CLUSTER, TASK: GRPO + "may_wait: true\nnodes: 3\n"})
+    assert printed.startswith(f"warning: {TASK}:7: needs 3 GPU but alice's quota is 2 GPUs: it will be UNSCHEDULABLE")
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        (
+            "users/alice/tasks/" + "a" * 70 + ".yaml",
+            "must match lowercase letters and digits, parts joined by single '-', <= 63: it is 70 characters",
+        ),
+        ("users/alice/tasks/Train.yaml", "file name 'Train'.yaml must match {rule}: it has capital letters"),
+        ("users/alice/tasks/my_task.yaml", "file name 'my_task'.yaml must match {rule}: use '-' instead of '_'"),
+        ("users/alice/tasks/my task.yaml", "file name 'my task'.yaml must match {rule}: it has a space"),
+        (
+            "users/alice/tasks/v1.2.yaml",
+            "file name 'v1.2'.yaml must match {rule}: it has a '.' (only the final .yaml may)",
+        ),
+        ("users/Alice/tasks/x.yaml", "user folder 'Alice' must match {user_rule}: it has capital letters"),
+        ("users/alice/tasks/x.yml", "use the .yaml extension (.yml files are not loaded)"),
+        ("users/alice/tasks/x.json", "only <name>.yaml files are allowed in tasks/"),
+        ("users/alice/task/x.yaml", "unknown folder 'task' under users/alice/; only models/ and tasks/ are allowed"),
+        (
+            "users/alice/x.yaml",
+            "files directly under users/alice/ are not allowed; put models in models/ and tasks in tasks/",
+        ),
+    ],
+    ids=["too-long", "capitals", "underscore", "space", "dot", "user-capitals", "yml", "json", "folder", "no-folder"],
+)
+def test_a_bad_file_name_is_reported_with_its_path_and_why(path: str, expected: str) -> None:
+    from reconciler.spec.loader import NAME_RULE, USER_RULE
+
+    (printed,) = shown(load([source_file(path, HEAD)]), path)
+    assert printed.startswith(f"{path}: ")  # a path, no line: the name is the problem, not a line of it
+    assert expected.format(rule=NAME_RULE, user_rule=USER_RULE) in printed
