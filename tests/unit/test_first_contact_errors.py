@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path
 
 import pytest
 
@@ -332,3 +333,114 @@ def test_a_bad_file_name_is_reported_with_its_path_and_why(path: str, expected: 
     (printed,) = shown(load([source_file(path, HEAD)]), path)
     assert printed.startswith(f"{path}: ")  # a path, no line: the name is the problem, not a line of it
     assert expected.format(rule=NAME_RULE, user_rule=USER_RULE) in printed
+
+
+def needs_verl() -> None:
+    """hydra and verl's config tree (installed, or the copy argus ships): here, or the CI run is broken."""
+    from reconciler.checks.verl_overrides import verl_available
+
+    if verl_available():
+        return
+    if os.environ.get("CI"):
+        pytest.fail("hydra or verl's config tree missing", pytrace=False)
+    pytest.skip("hydra or verl's config tree missing")
+
+
+def with_overrides(*overrides: str) -> str:
+    return GRPO + "overrides:\n" + "".join(f"  - {o!r}\n" if "'" not in o else f'  - "{o}"\n' for o in overrides)
+
+
+def verl_issues(*overrides: str) -> list[str]:
+    """The printed issues of a GRPO task with ``overrides`` (lines 7 on), checked against verl's config."""
+    from reconciler.checks.verl_overrides import check_overrides
+
+    needs_verl()
+    return shown(load([source_file(TASK, with_overrides(*overrides))], task_check=check_overrides), TASK)
+
+
+def test_an_override_value_of_the_wrong_type_is_reported_at_its_line_with_verl_s_default() -> None:
+    assert verl_issues(
+        "trainer.val_before_train=false",
+        "data.train_batch_size=two-hundred",
+        "actor_rollout_ref.actor.optim.lr=fast",
+        "trainer.val_before_train=maybe",
+        "data.max_prompt_length=",
+        "++data.max_response_length=true",
+    ) == [
+        f"{TASK}:8: data.train_batch_size expects an integer (verl default 1024), got 'two-hundred'; "
+        "write e.g. `data.train_batch_size=1024`",
+        f"{TASK}:9: actor_rollout_ref.actor.optim.lr expects a number (verl default 1e-06), got 'fast'; "
+        "write e.g. `actor_rollout_ref.actor.optim.lr=1e-06`",
+        f"{TASK}:10: trainer.val_before_train expects true or false (verl default true), got 'maybe'; "
+        "write e.g. `trainer.val_before_train=true`",
+        f"{TASK}:11: data.max_prompt_length expects an integer (verl default 512), got an empty value; "
+        "write e.g. `data.max_prompt_length=512`",
+        f"{TASK}:12: data.max_response_length expects an integer (verl default 512), got true; "
+        "write e.g. `data.max_response_length=512`",
+    ]
+
+
+def test_override_values_hydra_and_verl_accept_are_never_flagged() -> None:
+    assert (
+        verl_issues(
+            "data.train_batch_size=256",
+            "data.max_prompt_length=null",  # null: verl decides
+            "data.max_response_length=${data.max_prompt_length}",  # an interpolation, resolved at run time
+            "data.val_batch_size='64'",  # quoted, but reads as the type
+            "actor_rollout_ref.actor.optim.lr=1e-6",
+            "actor_rollout_ref.actor.optim.weight_decay=0",  # an int where the default is a float
+            "actor_rollout_ref.rollout.top_p=0.9",  # a float where verl's default is the int 1
+            "actor_rollout_ref.rollout.temperature=0.7",
+            "trainer.val_before_train=False",
+            "trainer.log_val_generations=0",
+            "trainer.logger=[console,wandb]",  # a list, where lists belong
+            "actor_rollout_ref.rollout.name=sglang",  # a string default: any text
+            "+trainer.my_new_key=anything",  # a new key has no default to judge by
+        )
+        == []
+    )
+
+
+def test_an_unknown_key_is_reported_once_not_also_as_a_wrong_type() -> None:
+    (issue,) = verl_issues("data.train_batch_sise=two-hundred")
+    assert issue.startswith(f"{TASK}:7: unknown key `data.train_batch_sise`")
+
+
+def test_argus_validate_exits_non_zero_and_prints_each_first_mistake_at_its_line(tmp_path: Path) -> None:
+    from tests.unit.test_cli import argus
+
+    needs_verl()
+    root = tmp_path / "config"
+    (root / "users/alice/tasks").mkdir(parents=True)
+    (root / "cluster.yaml").write_text("users:\n  alice:\n    gpus: 2\n")
+    files = {
+        "users/alice/tasks/tabs.yaml": "kind: Task\nworkload: command\nenv:\n\tA: b\ncommand: x\n",
+        "users/alice/tasks/quote.yaml": 'kind: Task\nworkload: command\ncommand: "python x.py\nnodes: 1\n',
+        "users/alice/tasks/dup.yaml": HEAD + "run: 1\nrun: 2\n",
+        "users/alice/tasks/date.yaml": HEAD + "env:\n  START: 2026-01-02\n",
+        "users/alice/tasks/big.yaml": GRPO + "nodes: 3\n",
+        "users/alice/tasks/batch.yaml": with_overrides("data.train_batch_size=two-hundred"),
+        "users/alice/tasks/My_Task.yaml": HEAD,
+    }
+    for path, text in files.items():
+        (root / path).write_text(text)
+    proc = argus("validate", root, "--offline")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("note: ")]
+    assert not any(bad in proc.stderr for bad in NEVER), proc.stderr
+    expected = [
+        "users/alice/tasks/My_Task.yaml: file name 'My_Task'.yaml must match",
+        "users/alice/tasks/batch.yaml:7: data.train_batch_size expects an integer (verl default 1024), got "
+        "'two-hundred'",
+        "users/alice/tasks/big.yaml:6: needs 3 GPU but alice's quota is 2 GPUs: it can never run as written",
+        "users/alice/tasks/date.yaml:5: env.START: expected a string, got 2026-01-02, which YAML reads as a date; "
+        'quote it: "2026-01-02"',
+        "users/alice/tasks/dup.yaml:5:1: duplicate key 'run' (first defined on line 4)",
+        'users/alice/tasks/quote.yaml:3:10: invalid YAML: the " quote opened here is never closed',
+        "users/alice/tasks/tabs.yaml:4:1: invalid YAML: a tab indents this line; YAML indents with spaces only",
+    ]
+    assert len(errors) == len(expected) + 1, proc.stderr
+    for line, start in zip(errors, expected, strict=False):
+        assert line.startswith(start), f"{line!r} does not start with {start!r}"
+    assert errors[-1] == f"{len(expected)} error(s); 0 valid object(s)"
