@@ -448,7 +448,7 @@ def _read(path: str, content: bytes, kind: str) -> tuple[Document | None, list[I
     if "kind" in doc.data and found != kind:
         # Checked against the wrong schema, every other message would be noise.
         folder = {"Model": "models/", "Task": "tasks/", "Cluster": "the repository root (cluster.yaml)"}[kind]
-        message = f"kind: must be {kind!r} for a file in {folder}, got {found!r}{STOPPED}"
+        message = f"kind: must be {kind!r} for a file in {folder}, got {schema.described(doc, ('kind',))}{STOPPED}"
         return None, [Issue(path, doc.line(("kind",)), message)]
     return doc, schema.validate(doc, kind)
 

@@ -154,6 +154,15 @@ def _quote_it(value: Any, written: str | None) -> str:
     return f'{text}, which YAML reads as {_reading(value)}; quote it: "{text}"'
 
 
+def described(doc: Document, where: tuple[str | int, ...]) -> str:
+    """The value at ``where`` in ``doc`` for a message, as :func:`_shown` shows it (``'Task'``,
+    ``yes (read as true)``, ``2026-01-02 (a date)``); ``doc`` must hold it."""
+    value: Any = doc.data
+    for part in where:
+        value = value[part]
+    return _shown(value, doc.written.get(tuple(where)))
+
+
 def _shown(value: Any, written: str | None) -> str:
     """``value`` for a message: as the file wrote it when YAML read it as something else (``yes``
     read as true shows ``yes (read as true)``), never as Python writes it (``datetime.date(...)``)."""

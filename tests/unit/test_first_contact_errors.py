@@ -444,3 +444,34 @@ def test_argus_validate_exits_non_zero_and_prints_each_first_mistake_at_its_line
     for line, start in zip(errors, expected, strict=False):
         assert line.startswith(start), f"{line!r} does not start with {start!r}"
     assert errors[-1] == f"{len(expected)} error(s); 0 valid object(s)"
+
+
+def test_a_kind_yaml_reads_as_no_string_is_shown_as_written() -> None:
+    assert only(TASK, "kind: 2026-01-02\n") == (
+        f"{TASK}:1: kind: must be 'Task' for a file in tasks/, got 2026-01-02 (a date){STOPPED}"
+    )
+
+
+ODD_VALUES = ("2026-01-02", "2026-01-02 10:00:00", "yes", "1.10", "12:30", "~", "", "!!binary aGk=", ".nan", "0x1F")
+
+
+@pytest.mark.parametrize("value", ODD_VALUES)
+def test_no_field_shows_a_value_as_python_writes_it(value: str) -> None:
+    """Every field of every kind of file, set to a value YAML reads as no string: no message shows
+    ``datetime.date(...)``, ``True``, ``None`` or ``b'...'``."""
+    files = [source_file("cluster.yaml", f"users:\n  alice:\n    gpus: {value}\npriority_classes:\n  high: {value}\n")]
+    for i, name in enumerate(("kind", "workload", "command", "model", "priority", "nodes", "run", "suspend", "steps")):
+        fields = {"kind": "Task", "workload": "grpo", "model": "org/m", name: value}
+        text = "".join(f"{k}: {v}\n" for k, v in fields.items()) + f"data:\n  train: {value}\noverrides:\n  - {value}\n"
+        files.append(source_file(f"users/alice/tasks/t{i}.yaml", text))
+    for i, name in enumerate(("kind", "source", "served_name", "replicas", "priority", "min_replicas")):
+        fields = {"kind": "Model", "source": "org/m", name: value}
+        extra = f"engine_kwargs:\n  max_model_len: {value}\nenv:\n  A: {value}\n"
+        files.append(
+            source_file(f"users/alice/models/m{i}.yaml", "".join(f"{k}: {v}\n" for k, v in fields.items()) + extra)
+        )
+    state = load(files)
+    assert state.issues
+    for issue in state.issues:
+        text = str(issue)
+        assert not any(bad in text for bad in (*NEVER, "True", "False", "None", "internal error")), text
