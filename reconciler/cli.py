@@ -169,9 +169,9 @@ def never_runs(
     warnings: list[str] = []
     for key, why in unschedulable(state, total, nodes):
         spec = state.models.get(key) or state.tasks.get(key)
-        line = state.models[key].line if key in state.models else 0
+        line = spec.size_line if spec is not None else 0  # the line of `replicas:`, `nodes:`, ...
         if spec is not None and spec.may_wait:
-            warnings.append(f"{key.path}: {why}: it will be UNSCHEDULABLE until then (`may_wait: true`)")
+            warnings.append(f"{key.path}:{line}: {why}: it will be UNSCHEDULABLE until then (`may_wait: true`)")
         else:
             errors.append(
                 Issue(

@@ -98,14 +98,117 @@ def _check(config: str, entries: tuple[tuple[int, str], ...]) -> tuple[tuple[int
             issues.append((line, f"override `{ov}` is not valid hydra syntax: {syntax}"))
     # Then composition; hydra stops at the first bad override, so drop it and go again.
     remaining = parsable
+    rejected: set[tuple[int, str]] = set()
     while remaining:
         error = _compose_error(config, tuple(ov for _, ov in remaining))
         if error is None:
             break
         index = _culprit(config, remaining, error)
         line, ov = remaining.pop(index)
+        rejected.add((line, ov))
         issues.append((line, _message(config, ov, error, generated=line == 0)))
+    # Last the value types: verl's YAML tree is untyped, so hydra composes `two-hundred` into an
+    # integer setting and the run fails minutes later, on the cluster. argus's own overrides
+    # (line 0) are typed by construction.
+    for line, ov in parsable:
+        if line and (line, ov) not in rejected:
+            problem = _type_error(config, ov)
+            if problem:
+                issues.append((line, problem))
     return tuple(sorted(issues))
+
+
+# What a value of each default's type must be, in words.
+_EXPECTS = {bool: "true or false", int: "an integer", float: "a number"}
+
+
+def _type_error(config_name: str, override: str) -> str | None:
+    """Why ``override``'s value cannot be of the type of verl's default for its key, or None.
+
+    Conservative: only a key whose default is a plain int, float or bool is judged, and only a
+    value that is clearly not one: ``null``, interpolations (``${oc.env:X}``), lists, mappings and
+    sweeps pass, and so does text that reads as the type (``'256'``). A float passes where the
+    default is an int (verl writes float settings such as ``top_p: 1`` and ``temperature: 0``
+    with integer defaults), and 0 or 1 where it is a bool (Python reads them as false and true).
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides([override])[0]
+    except HydraException:
+        return None  # reported as a syntax error
+    key = parsed.key_or_group
+    if parsed.is_delete() or parsed.is_sweep_override() or "/" in key or "@" in key:
+        return None
+    default = _default_of(config_name, key)
+    if default is None:
+        return None
+    value = parsed.value()
+    if value is None or isinstance(value, (list, dict)) or (isinstance(value, str) and "${" in value):
+        return None
+    kind = type(default)
+    if kind is bool:
+        fits = isinstance(value, bool) or value in (0, 1) or str(value).strip().lower() in ("true", "false")
+    elif isinstance(value, bool):
+        fits = False
+    else:
+        fits = isinstance(value, (int, float)) or _reads_as_number(str(value), integer=kind is int)
+    if fits:
+        return None
+    got = "an empty value" if value == "" else _shown_value(value)
+    return (
+        f"{key} expects {_EXPECTS[kind]} (verl default {_shown_value(default)}), got {got}; "
+        f"write e.g. `{key}={_shown_value(default)}`"
+    )
+
+
+def _reads_as_number(text: str, *, integer: bool) -> bool:
+    """True when ``text`` (a quoted or unusual value hydra kept as a string) reads as a number."""
+    text = text.strip()
+    try:
+        int(text, 0)
+        return True
+    except ValueError:
+        pass
+    if integer:
+        return False
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _shown_value(value: object) -> str:
+    """A value as an override writes it: ``true``, ``256``, ``'two-hundred'``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f"'{value}'"
+    return str(value)
+
+
+def _default_of(config_name: str, key: str) -> bool | int | float | None:
+    """verl's default for ``key`` when it is a plain int, float or bool (not an interpolation); else None."""
+    from omegaconf import DictConfig, OmegaConf
+
+    try:
+        node: Any = _base_config(config_name)
+    except Exception:  # the type check is an addition; never fail the check for it
+        return None
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node._get_node(part) if isinstance(node, DictConfig) and part in node else None
+        if not isinstance(child, DictConfig):
+            return None
+        node = child
+    last = parts[-1]
+    if not isinstance(node, DictConfig) or last not in node or OmegaConf.is_interpolation(node, last):
+        return None
+    leaf = node._get_node(last)
+    value = leaf._value() if leaf is not None else None
+    return value if isinstance(value, (bool, int, float)) else None
 
 
 def _safe_derived(task: TaskSpec, cluster: ClusterSpec) -> list[str]:

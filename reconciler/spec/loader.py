@@ -312,10 +312,26 @@ def classify(path: str) -> tuple[ObjectKey | None, str | None]:
         return key, problem
     # fullmatch: `$` would also match before a final newline ("chat\n" is not a name).
     if not USER_RE.fullmatch(key.user):
-        return None, f"user folder {key.user!r} must match {USER_RULE}"
+        return None, f"user folder {key.user!r} must match {USER_RULE}{_name_hint(key.user, 31)}"
     if not NAME_RE.fullmatch(key.name):
-        return None, f"file name {key.name!r}.yaml must match {NAME_RULE}"
+        return None, f"file name {key.name!r}.yaml must match {NAME_RULE}{_name_hint(key.name, 63)}"
     return key, None
+
+
+def _name_hint(name: str, limit: int) -> str:
+    """What is wrong with ``name`` in a few words (``: it is 70 characters``), for a name that
+    breaks its rule; empty when no single cause stands out."""
+    if len(name) > limit:
+        return f": it is {len(name)} characters"
+    if name != name.lower():
+        return ": it has capital letters"
+    if "_" in name:
+        return ": use '-' instead of '_'"
+    if " " in name:
+        return ": it has a space"
+    if "." in name:
+        return ": it has a '.' (only the final .yaml may)"
+    return ""
 
 
 def claimed_key(path: str) -> ObjectKey | None:
@@ -432,7 +448,7 @@ def _read(path: str, content: bytes, kind: str) -> tuple[Document | None, list[I
     if "kind" in doc.data and found != kind:
         # Checked against the wrong schema, every other message would be noise.
         folder = {"Model": "models/", "Task": "tasks/", "Cluster": "the repository root (cluster.yaml)"}[kind]
-        message = f"kind: must be {kind!r} for a file in {folder}, got {found!r}{STOPPED}"
+        message = f"kind: must be {kind!r} for a file in {folder}, got {schema.described(doc, ('kind',))}{STOPPED}"
         return None, [Issue(path, doc.line(("kind",)), message)]
     return doc, schema.validate(doc, kind)
 
@@ -637,6 +653,7 @@ def _model(
         min_replicas=data.get("min_replicas"),
         alias_field=alias_field,
         alias_line=alias_line,
+        size_line=size_line(doc, ("replicas", "gpus_per_replica"), line),
     )
     if model_check is not None:
         # vLLM's table judges only what argus's own rules let through (a refused key is reported once).
@@ -672,6 +689,13 @@ def _usable(
             inner.pop(str(where[1]), None)
             data[str(where[0])] = inner
     return data, bad
+
+
+def size_line(doc: Document, keys: Sequence[str], default: int) -> int:
+    """The line of the first of ``keys`` written in ``doc`` (what a quota message points at: the
+    request's size), else ``default``."""
+    lines = [doc.lines[(k,)] for k in keys if (k,) in doc.lines]
+    return min(lines) if lines else default
 
 
 def _ordered(issues: list[Issue]) -> list[Issue]:
@@ -793,6 +817,7 @@ def _task(
         may_wait=bool(data.get("may_wait", False)),
         priority=data.get("priority"),
         user_site=bool(data.get("user_site", False)),
+        size_line=size_line(doc, ("nodes", "gpus_per_node"), doc.line(("kind",))),
     )
     # A malformed size or epoch count stands at its default here: verl's compose does not judge them.
     if task_check is not None and workload is not None and workload != "command":

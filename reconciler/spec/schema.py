@@ -109,16 +109,70 @@ def invalid_paths(doc: Document, kind: str) -> set[tuple[str | int, ...]]:
 JSON_TYPES = ["string", "number", "boolean", "null", "array", "object"]
 
 
-def _not_json(value: Any) -> str:
-    """Why ``value`` cannot be a JSON value, with what to write instead."""
+def _not_json(value: Any, written: str | None = None) -> str:
+    """Why ``value`` (``written`` so in the file, when known) cannot be a JSON value, with what to
+    write instead."""
     expected = "expected a JSON value (a string, number, true/false, null, list or mapping)"
     if isinstance(value, float):
-        return f"{_show(value)} is not a JSON number (JSON has no NaN or infinity)"
+        return f"{written or _show(value)} is not a JSON number (JSON has no NaN or infinity)"
     if isinstance(value, (datetime.date, datetime.datetime)):
-        return f"{expected}, got a YAML date ({value.isoformat()}); quote it to pass it as a string"
+        return f"{expected}, got {_quote_it(value, written)}"
     if isinstance(value, bytes):
         return f"{expected}, got binary data (!!binary); pass text instead"
-    return f"{expected}, got {_show(value)}"
+    return f"{expected}, got {_shown(value, written)}"
+
+
+def _scalar(value: Any) -> bool:
+    """True for what a plain YAML scalar reads as besides a string (a number, boolean, null, date)."""
+    return value is None or isinstance(value, (bool, int, float, datetime.date))
+
+
+def _reading(value: Any) -> str:
+    """What YAML made of a plain scalar, in words: ``the boolean true``, ``a date``."""
+    if value is None:
+        return "null (no value)"
+    if isinstance(value, bool):
+        return f"the boolean {_show(value)}"
+    if isinstance(value, (int, float)):
+        return f"the number {_show(value)}"
+    if isinstance(value, datetime.datetime):
+        return "a date and time"
+    if isinstance(value, datetime.date):
+        return "a date"
+    return "binary data" if isinstance(value, bytes) else "a value that is not text"
+
+
+def _quote_it(value: Any, written: str | None) -> str:
+    """``value`` as the file wrote it, what YAML reads it as, and how to make it a string.
+
+    ``version: 1.10`` -> ``1.10, which YAML reads as the number 1.1; quote it: "1.10"``."""
+    text = written if written is not None else _shown(value, None)
+    if value is None:
+        if written == "":
+            return "an empty value; write one (a string), or remove the key"
+        return f"{text}, which YAML reads as null (no value); write a string, quoted if it is {text!r}"
+    return f'{text}, which YAML reads as {_reading(value)}; quote it: "{text}"'
+
+
+def described(doc: Document, where: tuple[str | int, ...]) -> str:
+    """The value at ``where`` in ``doc`` for a message, as :func:`_shown` shows it (``'Task'``,
+    ``yes (read as true)``, ``2026-01-02 (a date)``); ``doc`` must hold it."""
+    value: Any = doc.data
+    for part in where:
+        value = value[part]
+    return _shown(value, doc.written.get(tuple(where)))
+
+
+def _shown(value: Any, written: str | None) -> str:
+    """``value`` for a message: as the file wrote it when YAML read it as something else (``yes``
+    read as true shows ``yes (read as true)``), never as Python writes it (``datetime.date(...)``)."""
+    if isinstance(value, bytes):
+        return "binary data (!!binary); pass text instead"
+    if isinstance(value, datetime.date):
+        return f"{written} ({_reading(value)})" if written else _reading(value)
+    if written is not None and not isinstance(value, str):
+        return f"{written} (read as {_show(value)})" if written else "an empty value"
+    return _show(value)
 
 
 def _field(path: tuple[str | int, ...]) -> str:
@@ -169,23 +223,32 @@ def _to_issues(doc: Document, error: ValidationError) -> list[Issue]:
     if error.schema is False:
         # jsonschema drops the property name for `false` subschemas; find it by identity.
         workload = doc.data.get("workload")
+        mode = workload if isinstance(workload, str) else _shown(workload, doc.written.get(("workload",)))
         keys = [k for k, v in doc.data.items() if v is error.instance] or [name]
-        return [Issue(doc.path, doc.line((*where, k)), f"{k}: not allowed with workload: {workload}") for k in keys]
+        return [Issue(doc.path, doc.line((*where, k)), f"{k}: not allowed with workload: {mode}") for k in keys]
     if validator == "required":
         missing = error.message.split("'")[1] if "'" in error.message else error.message
         return [Issue(doc.path, doc.line(where), f"{prefix}missing required key {missing!r}")]
+    written = doc.written.get(where)
     if validator == "type" and error.validator_value == JSON_TYPES:
-        return [Issue(doc.path, doc.line(where), f"{prefix}{_not_json(error.instance)}")]
+        return [Issue(doc.path, doc.line(where), f"{prefix}{_not_json(error.instance, written)}")]
     if validator == "type":
         expected = error.validator_value
-        return [Issue(doc.path, doc.line(where), f"{prefix}expected {_types(expected)}, got {_show(error.instance)}")]
+        wants_text = expected == "string" or (isinstance(expected, list) and "string" in expected)
+        if wants_text and _scalar(error.instance):
+            message = f"expected {_types(expected)}, got {_quote_it(error.instance, written)}"
+        else:
+            message = f"expected {_types(expected)}, got {_shown(error.instance, written)}"
+        return [Issue(doc.path, doc.line(where), prefix + message)]
     if validator == "enum":
         options = ", ".join(str(v) for v in error.validator_value)  # type: ignore[union-attr]
-        return [Issue(doc.path, doc.line(where), f"{prefix}{_show(error.instance)} is not one of: {options}")]
+        return [Issue(doc.path, doc.line(where), f"{prefix}{_shown(error.instance, written)} is not one of: {options}")]
     if validator == "const":
-        return [
-            Issue(doc.path, doc.line(where), f"{prefix}must be {error.validator_value!r}, got {_show(error.instance)}")
-        ]
+        got = _shown(error.instance, written)
+        return [Issue(doc.path, doc.line(where), f"{prefix}must be {error.validator_value!r}, got {got}")]
+    if not isinstance(error.instance, (str, int, float, bool, type(None), list, dict)):
+        # jsonschema's own text would show the value as Python writes it (datetime.date(...)).
+        return [Issue(doc.path, doc.line(where), f"{prefix}{_not_json(error.instance, written)}")]
     if validator == "pattern" and where and where[0] == "overrides":
         return [
             Issue(doc.path, doc.line(where), f"{prefix}{_show(error.instance)} is not a hydra override `a.b.c=value`")

@@ -269,6 +269,9 @@ class ModelSpec:
     alias_field: str | None = None  # `served_name:` as written (None: the default alias)
     alias_line: int = 1  # line of `served_name` (of `source` without one), for messages
     may_wait: bool = False  # the author accepts UNSCHEDULABLE (the PR check warns, not fails); not hashed
+    # Line of what sizes the request (`replicas`/`gpus_per_replica`, the first written; `source`
+    # without them), for quota messages.
+    size_line: int = 1
 
     @property
     def served_name(self) -> str:
@@ -307,6 +310,9 @@ class TaskSpec:
     may_wait: bool = False  # the author accepts UNSCHEDULABLE (the PR check warns, not fails); not hashed
     # Python's user site-packages in the user's folder is loaded (builders.jobs.isolation_env); hashed when true.
     user_site: bool = False
+    # Line of what sizes the request (`nodes`/`gpus_per_node`, the first written; `kind` without
+    # them), for quota messages.
+    size_line: int = 1
 
     @property
     def gpus(self) -> int:

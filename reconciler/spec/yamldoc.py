@@ -16,6 +16,7 @@ exhaust the C stack), the file is parsed again by the pure-Python strict parser,
 from __future__ import annotations
 
 import math
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -75,12 +76,16 @@ class Document:
 
     ``not_json`` lists the values that JSON cannot carry (dates, binary, NaN, infinity) with
     where they are: the schema check reports them where a JSON value is required.
+    ``written`` holds, by where it is, the text of every scalar that YAML read as something
+    other than a string and that reads back differently (``yes`` -> true, ``1.10`` -> 1.1,
+    ``2026-01-02`` -> a date, ``12:30`` -> 750): an error then shows what the user wrote.
     """
 
     path: str
     data: dict[str, Any]
     lines: dict[JsonPath, int] = field(default_factory=dict)
     not_json: list[tuple[JsonPath, Any]] = field(default_factory=list)
+    written: dict[JsonPath, str] = field(default_factory=dict)
 
     def line(self, where: Sequence[str | int] = ()) -> int:
         """Line of ``where``, or of its nearest recorded ancestor (1 for the document)."""
@@ -186,18 +191,93 @@ def _parse_python(path: str, text: str) -> Document:
         doc = Document(path, {})
         data = _Walk(doc, loader, None).convert(node, (), 0)
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else 0
-        column = mark.column + 1 if mark is not None else 0
-        problem = exc.problem or str(exc)
-        if "expected a single document" in str(exc):
-            problem = "only one YAML document per file is allowed (found a second `---` document)"
-        raise YamlError(Issue(path, line, f"invalid YAML: {problem}", column)) from exc
+        raise YamlError(_syntax_issue(path, text, exc)) from exc
     except yaml.YAMLError as exc:
         raise YamlError(Issue(path, 0, f"invalid YAML: {exc}")) from exc
     finally:
         loader.dispose()
     return _finish(doc, data, node)
+
+
+def _syntax_issue(path: str, text: str, exc: yaml.MarkedYAMLError) -> Issue:
+    """``exc`` as a located Issue in plain words, with what to do about it.
+
+    PyYAML's own text (``mapping values are not allowed here``) names the parser's state, not the
+    user's mistake, and for an unclosed quote or a missing ``:`` it points at the line *after*
+    the mistake (where the parser noticed): the first mistakes of new users are recognised here
+    and reported at the line that holds them. Anything else keeps the parser's short problem text.
+    """
+    mark = exc.problem_mark or exc.context_mark
+    line = mark.line + 1 if mark is not None else 0
+    column = mark.column + 1 if mark is not None else 0
+    problem = exc.problem or str(exc)
+    context = exc.context or ""
+    lines = text.split("\n")
+    if "expected a single document" in str(exc):
+        problem = "only one YAML document per file is allowed (found a second `---` document)"
+    elif "'\\t' that cannot start any token" in problem and mark is not None:
+        before = lines[mark.line][: mark.column] if mark.line < len(lines) else ""
+        if not before.strip():
+            problem = "a tab indents this line; YAML indents with spaces only: replace the tab with spaces"
+        else:
+            problem = "a tab here is not allowed outside quotes; use spaces, or quote the value"
+    elif "that cannot start any token" in problem and mark is not None:
+        char = problem.split("'")[1] if problem.count("'") >= 2 else "this character"
+        problem = f'a value cannot start with {char} unless it is quoted; quote the value ("{char}...")'
+    elif "could not find expected ':'" in problem and exc.context_mark is not None:
+        # The parser reads on to the next line looking for the colon; the key is where it started.
+        line, column = exc.context_mark.line + 1, exc.context_mark.column + 1
+        held = lines[exc.context_mark.line] if exc.context_mark.line < len(lines) else ""
+        if re.search(r":[^\s]", held) and ": " not in held:
+            problem = "a `:` must be followed by a space (`key: value`)"
+        else:
+            problem = "this line is not `key: value`: a `:` is missing (write `key: value`, a space after the colon)"
+    elif "quoted scalar" in context and exc.context_mark is not None and "end of stream" in problem:
+        line, column = exc.context_mark.line + 1, exc.context_mark.column + 1
+        quote = _char_at(lines, exc.context_mark.line, exc.context_mark.column) or "quote"
+        problem = f"the {quote} quote opened here is never closed; add the closing {quote} at the end of the value"
+    elif "unknown escape character" in problem:
+        problem = (
+            f'{problem.split("character", 1)[1].strip()} after a backslash is not an escape in a "double-quoted" '
+            "value; write the value in 'single quotes' (or write \\\\ for a backslash)"
+        )
+    elif problem == "mapping values are not allowed here" and mark is not None:
+        held = lines[mark.line] if mark.line < len(lines) else ""
+        if ": " in held[: mark.column] or held[: mark.column].rstrip().endswith(":"):
+            problem = "a value holds `: ` (a colon and a space); quote the value"
+        else:
+            problem = (
+                "this key is indented more than the keys above it: indent it like the keys it belongs with "
+                "(or, if it belongs under the key above, that key must have no value on its own line)"
+            )
+    elif problem.startswith("expected <block end>, but found") and mark is not None:
+        found = problem.split("found", 1)[1].strip()
+        if found == "'<scalar>'":
+            problem = "text follows a quoted value; quote the whole value, or remove the quotes"
+        elif found == "'-'":
+            problem = "a list item (`- `) where a key was expected: indent the items under their key"
+        else:
+            problem = (
+                "bad indentation: this line is indented to a level no line above it uses; indent it "
+                "like the keys (or list items) it belongs with"
+            )
+    elif "found unhashable key" in problem:
+        problem = "a value starting with `{` is read as a YAML mapping; quote the value"
+    elif context.startswith("while parsing a flow") and exc.context_mark is not None:
+        line, column = exc.context_mark.line + 1, exc.context_mark.column + 1
+        opened = _char_at(lines, exc.context_mark.line, exc.context_mark.column) or "bracket"
+        close = {"[": "]", "{": "}"}.get(opened, "the bracket")
+        problem = (
+            f"the {opened} opened here is not closed with {close} (or its items are not separated by `,`); "
+            f"if the value is not a YAML list or mapping, quote it"
+        )
+    return Issue(path, line, f"invalid YAML: {problem}", column)
+
+
+def _char_at(lines: list[str], line: int, column: int) -> str | None:
+    """The character at 0-based ``line`` and ``column`` of ``lines``, or None."""
+    held = lines[line] if line < len(lines) else ""
+    return held[column] if column < len(held) else None
 
 
 def _finish(doc: Document, data: Any, node: Node) -> Document:
@@ -235,6 +315,8 @@ class _Walk:
             value = self.scalar(node)
             if not isinstance(value, _JSON_SCALARS) and not (isinstance(value, float) and math.isfinite(value)):
                 doc.not_json.append((where, value))
+            if not isinstance(value, str) and node.value != canonical(value):
+                doc.written[where] = node.value
             return value
         if type(node) in _PLAIN_TAGS and node.tag != _PLAIN_TAGS[type(node)]:
             # safe_load would refuse `!!python/...` on a list or mapping (or build a set/omap); never ignore a tag.
@@ -250,7 +332,14 @@ class _Walk:
                 if key_node.tag == _MERGE:
                     raise YamlError(Issue(doc.path, line, "YAML merge keys (<<) are not allowed"))
                 if not isinstance(key_node, ScalarNode):
-                    raise YamlError(Issue(doc.path, line, "mapping keys must be plain strings"))
+                    raise YamlError(
+                        Issue(
+                            doc.path,
+                            line,
+                            "a key must be a plain name, not a mapping or list "
+                            "(a value that starts with `{` or `[` must be quoted)",
+                        )
+                    )
                 key = self.scalar(key_node)
                 if not isinstance(key, str):
                     # `1: x` or `true: x` would be silently retyped by YAML; keys must be names.
@@ -263,7 +352,8 @@ class _Walk:
                         Issue(
                             doc.path,
                             line,
-                            f"duplicate key {key!r} (first defined on line {first})",
+                            f"duplicate key {key!r} (first defined on line {first}); YAML would silently keep only the "
+                            "last one: delete one of them",
                             key_node.start_mark.column + 1,
                         )
                     )
@@ -303,6 +393,20 @@ class _Walk:
             raise YamlError(
                 Issue(self.doc.path, node.start_mark.line + 1, f"invalid YAML: {shown!r} is not a valid {short}")
             ) from exc
+
+
+def canonical(value: Any) -> str | None:
+    """How argus shows a parsed non-string scalar (``true``, ``null``, ``1.1``), or None when it
+    has no plain form (a date, binary data): text that differs is recorded in ``Document.written``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return repr(value)
+    return None
 
 
 def _shared_path(path: JsonPath) -> JsonPath:

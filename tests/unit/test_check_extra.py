@@ -77,7 +77,7 @@ EXPECTED = [
     "users/alice/models/big.yaml:6` engine_kwargs.max_num_seq: unknown engine argument of vLLM 0.29.0; did you mean",
     "users/alice/models/big.yaml:7` engine_kwargs.max_model_len: expected an integer",
     "users/alice/models/big.yaml:9` env.HF_HOME:",
-    "`users/alice/tasks/huge.yaml` needs 8 GPU but alice's quota is 4 GPUs: it can never run as written",
+    "users/alice/tasks/huge.yaml:6` needs 8 GPU but alice's quota is 4 GPUs: it can never run as written",
 ]
 
 
@@ -186,7 +186,7 @@ def test_the_scaffolded_workflow_run_by_hand_fails_with_every_mistake_in_one_com
     for text in EXPECTED:
         assert text in posted, f"{text!r} not in the comment:\n{posted}"
     assert f"**{len(EXPECTED) - 1} validation errors**" in posted, posted
-    assert "later.yaml: needs 8 GPU" in posted and "may_wait: true" in posted  # a warning, not an error
+    assert "later.yaml:3: needs 8 GPU" in posted and "may_wait: true" in posted  # a warning, not an error
     assert "**Not checked by this run:**" in posted and "the cluster's verl may differ" in posted
     assert "(the table shipped with argus for serving.accelerator: gpu)" in posted  # the scaffold's: vLLM 0.29.0
     assert "users/alice/tasks/huge.yaml" in validate_out and "gsm8k.yaml:9: unknown key" in validate_out

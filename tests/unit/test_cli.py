@@ -263,7 +263,7 @@ def test_validate_fails_a_request_above_the_quota_unless_it_may_wait(config: Pat
     proc = argus("validate", config, "--offline")
     assert proc.returncode == 1, proc.stderr  # it can never run as written: the PR check fails
     assert (
-        "users/alice/tasks/big.yaml: needs 4 GPU but alice's quota is 2 GPUs: it can never run as written "
+        "users/alice/tasks/big.yaml:4: needs 4 GPU but alice's quota is 2 GPUs: it can never run as written "
         "(UNSCHEDULABLE); ask for less, or set `may_wait: true`" in proc.stderr
     )
     data = json.loads(argus("validate", config, "--offline", "--format", "json").stdout)
@@ -272,7 +272,7 @@ def test_validate_fails_a_request_above_the_quota_unless_it_may_wait(config: Pat
     proc = argus("validate", config, "--offline")
     assert proc.returncode == 0, proc.stderr
     assert (
-        "warning: users/alice/tasks/big.yaml: needs 4 GPU but alice's quota is 2 GPUs: it will be UNSCHEDULABLE"
+        "warning: users/alice/tasks/big.yaml:4: needs 4 GPU but alice's quota is 2 GPUs: it will be UNSCHEDULABLE"
         in proc.stderr
     )
     data = json.loads(argus("validate", config, "--offline", "--format", "json").stdout)

@@ -47,7 +47,7 @@ def outcome(content: bytes, libyaml: bool) -> tuple[str, Any]:
         doc = parse("f.yaml", content, libyaml=libyaml)
     except YamlError as exc:
         return "error", str(exc.issue)
-    return "ok", (repr(doc.data), sorted(doc.lines.items(), key=repr), repr(doc.not_json))
+    return "ok", (repr(doc.data), sorted(doc.lines.items(), key=repr), repr(doc.not_json), repr(doc.written))
 
 
 def assert_same(content: bytes) -> tuple[str, Any]:
