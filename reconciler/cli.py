@@ -936,6 +936,30 @@ def _source_args(p: argparse.ArgumentParser) -> None:
         help="a commit whose tree is trusted as it is; signatures are required after it "
         "(default: every commit) [ARGUS_SIGNED_SINCE]",
     )
+    p.add_argument(
+        "--forge-signers",
+        default=_env("FORGE_SIGNERS", ""),
+        metavar="NAME,...",
+        help="principals of the allowed-signers file that are forges (GitHub, GitLab, Gitea): they change "
+        "nothing by their own authority; their pull-request merges deploy what the owners signed "
+        "[ARGUS_FORGE_SIGNERS]",
+    )
+    p.add_argument(
+        "--forge-pull-refs",
+        default=_env("FORGE_PULL_REFS"),
+        metavar="PATTERN",
+        help="the forge's pull-request head refs (refs/pull/*/head for GitHub and Gitea, "
+        "refs/merge-requests/*/head for GitLab), fetched so that squash and rebase merges can be "
+        "verified against the signed commits (default: none; those merges are refused) [ARGUS_FORGE_PULL_REFS]",
+    )
+    p.add_argument(
+        "--forge-pull-limit",
+        type=int,
+        default=_env("FORGE_PULL_LIMIT", "200"),
+        metavar="N",
+        help="how many pull-request heads (newest first) a squash or rebase merge is compared with "
+        "(default 200) [ARGUS_FORGE_PULL_LIMIT]",
+    )
 
 
 def _status_branch_name(branch: str) -> None:
@@ -954,9 +978,17 @@ def _signing(args: argparse.Namespace) -> SigningPolicy:
         allowed_signers=os.path.abspath(args.allowed_signers) if args.allowed_signers else None,
         admins=tuple(a.strip() for a in (args.admins or "").split(",") if a.strip()),
         since=args.signed_since or None,
+        forge_signers=_names(args.forge_signers),
+        forge_pull_refs=args.forge_pull_refs or None,
+        forge_pull_limit=args.forge_pull_limit,
     )
     policy.check()
     return policy
+
+
+def _names(value: str | None) -> tuple[str, ...]:
+    """``a, b,c`` as ``("a", "b", "c")``."""
+    return tuple(a.strip() for a in (value or "").split(",") if a.strip())
 
 
 def _parts(args: argparse.Namespace, source: Any) -> Any:
@@ -964,6 +996,7 @@ def _parts(args: argparse.Namespace, source: Any) -> Any:
     from reconciler.daemon import build_parts
 
     signing = _signing(args)
+    source.pull_refs = signing.forge_pull_refs  # fetched into the mirror with the branches
     state_dir = os.path.join(args.cache_dir, "state")
     return build_parts(
         source,
