@@ -536,7 +536,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         if args.argus_source
         else (current_source(args.dir) if args.force else None) or default_source()
     )
-    for path in init_repo(args.dir, user=args.user, force=args.force, source=source):
+    for path in init_repo(args.dir, user=args.user, force=args.force, source=source, ci=args.ci):
         print(f"{'refreshed' if args.force else 'created'} {path}")
     print(f"argus source (workflow, README, pre-commit): {source.pip}")
     if source.placeholder:
@@ -789,12 +789,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="scaffold a new config repository in DIR",
         description="Write cluster.yaml, an example user with a model and a task, a README for users, the "
         "JSON Schemas under .argus/schemas/ (named by each file's yaml-language-server modeline), a "
-        ".pre-commit-config.yaml running `argus validate --offline` and a GitHub Actions workflow that posts "
-        "`argus plan` on pull requests. Refuses to overwrite existing files; --force refreshes the generated "
-        "ones only.",
+        ".pre-commit-config.yaml running `argus validate --offline` and a CI job (--ci) that runs `argus "
+        "validate` and `argus plan` on pull requests. Refuses to overwrite existing files; --force refreshes the "
+        "generated ones only.",
     )
     it.add_argument("dir", metavar="DIR", help="folder of the new repository (created if missing)")
     it.add_argument("--user", default="alice", help="name of the example user (default: alice)")
+    it.add_argument(
+        "--ci",
+        choices=("github", "gitlab", "none"),
+        default=None,
+        help="the CI that checks pull requests: github (.github/workflows/argus.yaml, the default for a new "
+        "repository), gitlab (.gitlab-ci.yml including .gitlab/argus.gitlab-ci.yml) or none; with --force, "
+        "default: the CI the repository has",
+    )
     it.add_argument(
         "--force",
         action="store_true",
