@@ -574,6 +574,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         require_signed=bool(args.require_signed_commits),
         allowed_signers=args.allowed_signers,
         admins=tuple(a.strip() for a in (args.admins or "").split(",") if a.strip()),
+        forge_signers=_names(args.forge_signers),
+        forge_pull_refs=args.forge_pull_refs or None,
         keys_dir=args.keys_dir,
         timeout=args.timeout,
     )
@@ -844,6 +846,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--allowed-signers", default=_env("ALLOWED_SIGNERS"), metavar="FILE", help="[ARGUS_ALLOWED_SIGNERS]"
     )
     dr.add_argument("--admins", default=_env("ADMINS", ""), metavar="NAME,...", help="[ARGUS_ADMINS]")
+    dr.add_argument(
+        "--forge-signers", default=_env("FORGE_SIGNERS", ""), metavar="NAME,...", help="[ARGUS_FORGE_SIGNERS]"
+    )
+    dr.add_argument(
+        "--forge-pull-refs", default=_env("FORGE_PULL_REFS"), metavar="PATTERN", help="[ARGUS_FORGE_PULL_REFS]"
+    )
     dr.add_argument("--keys-dir", default=_env("KEYS_DIR"), help="the users' <user>.pub files [ARGUS_KEYS_DIR]")
     dr.add_argument("--timeout", type=float, default=10.0, help="seconds each check may take (default: 10)")
     dr.add_argument("--format", choices=["text", "json"], default="text")
