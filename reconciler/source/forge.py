@@ -43,6 +43,7 @@ from reconciler import git
 from reconciler.source.git import decode_path
 
 MAX_PR_COMMITS = 1000  # commits of one pull request looked at; past it, its changes are refused
+MAX_PULL_COMMITS = 5000  # commits of all open pull requests compared by patch with a rebased commit
 DEFAULT_PULL_LIMIT = 200  # pull-request refs considered for a squash or rebase, newest first
 CACHE_SIZE = 256  # forge commits whose verdicts are kept
 
@@ -150,6 +151,11 @@ class ForgeJudge:
 
     # -- squash and rebase ------------------------------------------------------------------
     def _rewritten(self, commit: str, parent: str, paths: list[str], forge: str, signers: bytes) -> Verdict:
+        """A forge commit with one parent: each path is accepted when a pull-request head holds the
+        owners' signed version of the change (same patch: rebase; same content: squash).
+
+        A constant number of git runs for all pull-request heads (one patch-id pass over their
+        commits, one object lookup of the paths in every head); only heads that match cost more."""
         if not self.pull_refs:
             refused = (
                 f"signed by {forge}, a forge, and not a merge commit (a squash or rebase merge: the owners' "
@@ -162,51 +168,53 @@ class ForgeJudge:
             f"signed by {forge}, a forge, but none of the {self.pull_limit} newest open pull-request heads "
             f"({self.pull_refs}) has this patch, or this content with signed commits: not applied",
         )
-        specific: set[str] = set()  # paths whose reason names a pull request that matched
+        specific: set[str] = set()  # paths whose reason names a pull request that brought the change
         todo = set(paths)
-        patch = self._patch_ids(f"{parent}..{commit}").get(commit)
-        for head in self._pull_heads(parent):
-            if not todo:
-                break
-            if head == commit:
-                continue
-            # Rebase: one pull-request commit with the same patch, signed for the path.
-            rebased = self._patch_ids(f"{parent}..{head}") if patch is not None else {}
-            twins = [k for k, pid in rebased.items() if pid == patch]
-            signer_of = self._signers(signers, twins) if twins else {}
-            for path in sorted(todo):
-                for k in twins:
-                    if may_change(path, signer_of.get(k), self.admins, self.forges):
+        heads = [h for h in self._pull_heads(parent) if h != commit]
+        if not heads:
+            return verdict
+        # Rebase: a pull-request commit (not on the branch yet) with the same patch, signed for the path.
+        patch = self._patch_ids(commit, "--not", parent).get(commit)
+        twins = [k for k, pid in self._patch_ids(*heads, "--not", parent).items() if pid == patch and k != commit]
+        signer_of = self._signers(signers, twins) if patch is not None and twins else {}
+        for path in sorted(todo):
+            signed = [k for k in twins if may_change(path, signer_of.get(k), self.admins, self.forges)]
+            if signed:
+                verdict[path] = None
+                todo.discard(path)
+            elif twins:
+                unsigned = self._unsigned(path, signer_of.get(twins[0]))
+                verdict[path] = f"rebased by {forge} from PR commit {twins[0][:12]}, which {unsigned}: not applied"
+                specific.add(path)
+        # Squash: a head with the commit's content for the path, every pull-request commit changing it signed.
+        if todo:
+            mine = self._objects([(commit, p) for p in todo])
+            theirs = self._objects([(h, p) for h in heads for p in todo])
+            for head in heads:
+                same = [p for p in sorted(todo) if theirs[(head, p)] == mine[(commit, p)]]
+                if same:
+                    differs = self._differs(commit, head)  # also compares modes
+                    same = [p for p in same if p not in differs]
+                if not same:
+                    continue
+                fork = git.text(self.repo, "merge-base", parent, head, check=False)
+                commits = self._pr_commits(signers, head, *(["--not", fork] if fork else []))
+                for path in same:
+                    why: str | None
+                    if commits is None:
+                        why = f"the pull request {head[:12]} has more than {MAX_PR_COMMITS} commits"
+                    elif not any(path in k.paths for k in commits):
+                        continue  # this pull request did not bring the change: not its content to vouch for
+                    else:
+                        why = self._owners(path, commits)
+                    if why is None:
                         verdict[path] = None
                         todo.discard(path)
-                        break
-                else:
-                    if twins and path not in specific:
-                        unsigned = self._unsigned(path, signer_of.get(twins[0]))
-                        verdict[path] = (
-                            f"rebased by {forge} from PR commit {twins[0][:12]}, which {unsigned}: not applied"
-                        )
+                    elif path not in specific:
+                        verdict[path] = f"squashed by {forge} from pull request head {head[:12]}: {why}: not applied"
                         specific.add(path)
-            if not todo:
-                break
-            # Squash: the head's content for the path, every pull-request commit changing it signed for it.
-            differs = self._differs(commit, head)
-            same = [p for p in sorted(todo) if p not in differs]
-            if not same:
-                continue
-            fork = git.text(self.repo, "merge-base", parent, head, check=False)
-            commits = self._pr_commits(signers, head, *(["--not", fork] if fork else []))
-            for path in same:
-                if commits is None:
-                    why: str | None = f"the pull request {head[:12]} has more than {MAX_PR_COMMITS} commits"
-                else:
-                    why = self._owners(path, commits)
-                if why is None:
-                    verdict[path] = None
-                    todo.discard(path)
-                elif path not in specific:
-                    verdict[path] = f"squashed by {forge} from pull request head {head[:12]}: {why}: not applied"
-                    specific.add(path)
+                if not todo:
+                    break
         return verdict
 
     def _pull_heads(self, parent: str) -> list[str]:
@@ -223,18 +231,20 @@ class ForgeJudge:
         )
         return list(dict.fromkeys(out.split()))
 
-    def _patch_ids(self, rev_range: str) -> dict[str, str]:
-        """commit -> ``git patch-id --stable`` of each non-merge commit in ``rev_range`` (bounded)."""
+    def _patch_ids(self, *revs: str) -> dict[str, str]:
+        """commit -> ``git patch-id --stable`` of each non-merge commit of ``revs`` (at most
+        :data:`MAX_PULL_COMMITS`, newest first)."""
         log = git.run(
             self.repo,
             "log",
             "--no-merges",
-            f"--max-count={MAX_PR_COMMITS}",
+            f"--max-count={MAX_PULL_COMMITS}",
             "-p",
             "--no-renames",
             "--no-color",
+            "--no-ext-diff",
             "--format=commit %H",
-            rev_range,
+            *revs,
         )
         out = git.run(self.repo, "patch-id", "--stable", input=log).decode()
         ids: dict[str, str] = {}
@@ -242,6 +252,19 @@ class ForgeJudge:
             pid, _, sha = line.partition(" ")
             ids[sha.strip()] = pid
         return ids
+
+    def _objects(self, wanted: list[tuple[str, str]]) -> dict[tuple[str, str], str | None]:
+        """(commit, path) -> the object id at that path (None: absent), in one ``cat-file --batch-check``.
+        A path with a newline (which the lookup cannot name) gets a value of its own per commit, so it
+        is never found equal in two commits."""
+        names = [(c, p) for c, p in wanted if "\n" not in p]
+        found: dict[tuple[str, str], str | None] = {(c, p): f"\n{c}" for c, p in wanted if "\n" in p}
+        if names:
+            request = "".join(f"{c}:{p}\n" for c, p in names).encode("utf-8", "surrogateescape")
+            out = git.run(self.repo, "cat-file", "--batch-check=%(objectname)", input=request).decode()
+            for key, line in zip(names, out.splitlines(), strict=True):
+                found[key] = None if line.endswith(" missing") else line.strip()
+        return found
 
     # -- shared -----------------------------------------------------------------------------
     def _owners(self, path: str, commits: list[PrCommit]) -> str | None:

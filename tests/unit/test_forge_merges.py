@@ -45,6 +45,7 @@ class Forge:
         self.n = 0
         self.pulls = 0
         self.pull_refs: str | None = PULLS
+        self.pull_limit = 200
         self.write("users/alice/models/a.yaml", "a1")
         self.write("users/bob/models/b.yaml", "b1")
         self.write("cluster.yaml", "kind: Cluster\n")
@@ -113,7 +114,13 @@ class Forge:
 
     def verifier(self) -> SignatureVerifier:
         policy = SigningPolicy(
-            True, str(self.signers), ("root",), self.since, forge_signers=("github",), forge_pull_refs=self.pull_refs
+            True,
+            str(self.signers),
+            ("root",),
+            self.since,
+            forge_signers=("github",),
+            forge_pull_refs=self.pull_refs,
+            forge_pull_limit=self.pull_limit,
         )
         return SignatureVerifier(GitRepo(str(self.path)), policy, str(self.tmp / "state" / "trust.json"))
 
@@ -228,6 +235,24 @@ def test_the_forge_key_alone_changes_nothing(forge: Forge) -> None:
     assert f"commit {commit[:12]}: cluster.yaml: signed by github, a forge, but none of the 200 newest" in rejected[0]
     assert f"PR commit {side[:12]} changes users/bob/models/b.yaml but is not signed by bob or an admin" in rejected[3]
     assert "(signed by github)" in rejected[3]
+
+
+@pytest.mark.parametrize("how", ["squash", "rebase"])
+def test_the_matching_pull_request_is_found_among_others_within_the_limit(forge: Forge, how: str) -> None:
+    alice = forge.pull_request(("alice", {"users/alice/models/a.yaml": "a2"}))
+    forge.pull_request((None, {"users/alice/models/a.yaml": "a2"}))  # the same change, unsigned
+    forge.pull_request(("bob", {"users/bob/models/b.yaml": "b2"}))  # the newest, still open
+    _land(forge, how, alice)
+    files, rejected = forge.trusted()
+    assert files["users/alice/models/a.yaml"] == "a2" and rejected == []
+    forge.pull_limit = 2  # alice's pull request is not among the 2 newest heads any more
+    files, rejected = forge.trusted()
+    assert files["users/alice/models/a.yaml"] == "a1"
+    # Of the 2 newest heads, one holds the same change unsigned: that is the reason given.
+    assert len(rejected) == 1
+    assert "is not signed by alice or an admin (not signed by a key in the allowed signers file)" in rejected[0]
+    forge.pull_limit = 1  # only bob's, which does not hold the change
+    assert "none of the 1 newest open pull-request heads" in forge.trusted()[1][0]
 
 
 def test_a_forge_commit_without_pull_refs_is_refused_with_the_way_out(forge: Forge) -> None:
