@@ -25,8 +25,10 @@ change under ``users/<u>/`` signed by ``<u>`` or an admin, anything else by an a
 Acceptance is per path, as for every other commit: a pull request that changes the
 author's own files and another user's without that user's signature deploys the author's
 part only, and each refused path is reported with the commit and the reason.
-Every walk is bounded (:data:`MAX_PR_COMMITS` commits per pull request, ``pull_limit``
-refs) and the verdicts are cached per commit in a bounded cache.
+Every walk is bounded (:data:`MAX_PR_COMMITS` commits per pull request,
+:data:`MAX_PULL_COMMITS` compared by patch, ``pull_limit`` refs); a squash or rebase commit costs
+a constant number of git runs for all heads (plus the heads that match), and the verdicts are
+cached per commit (and allowed-signers content) in a bounded cache (:data:`CACHE_SIZE`).
 """
 
 from __future__ import annotations
