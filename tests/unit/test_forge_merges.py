@@ -292,6 +292,22 @@ def test_a_merge_cannot_bring_back_an_old_version_the_pull_request_never_touched
     ]
 
 
+def test_update_branch_on_the_forge_without_a_conflict_still_deploys(forge: Forge) -> None:
+    head = forge.pull_request(("alice", {"users/alice/models/a.yaml": "a2"}))
+    forge.write("users/bob/models/b.yaml", "b2")
+    forge.commit("bob on main", "bob")
+    # "Update branch": the forge merges main into the pull request's branch, signed by itself.
+    forge.git("checkout", "-q", "pr1")
+    forge.git("merge", "-q", "--no-ff", "-S", "-m", "Merge branch 'main' into pr1", "main", signer="github")
+    head = forge.git("rev-parse", "HEAD")
+    forge.git("update-ref", "refs/pull/1/head", head)
+    forge.git("checkout", "-q", "main")
+    forge.merge(head)
+    files, rejected = forge.trusted()
+    assert files["users/alice/models/a.yaml"] == "a2" and files["users/bob/models/b.yaml"] == "b2"
+    assert rejected == []
+
+
 def test_a_forge_merge_does_not_approve_a_prune(forge: Forge) -> None:
     head = forge.pull_request(("alice", {"users/alice/models/a.yaml": "a2"}))
     forge.git("merge", "-q", "--no-ff", "-S", "-m", "Merge\n\nArgus-Approve-Prune: yes", head, signer="github")
