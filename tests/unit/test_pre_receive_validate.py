@@ -19,6 +19,12 @@ ARGUS = Path(sys.executable).parent / "argus"
 SOURCE = parse_source("git+https://git.example.com/o/argus.git@v1")
 
 
+def argus() -> str:
+    found = str(ARGUS) if ARGUS.exists() else shutil.which("argus")
+    assert found, "argus is not installed: pip install -e '.[test]'"
+    return found
+
+
 def git(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
@@ -28,7 +34,7 @@ def git(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProces
         "GIT_COMMITTER_EMAIL": "t@x",
         "GIT_CONFIG_GLOBAL": os.devnull,
         "GIT_CONFIG_NOSYSTEM": "1",
-        "ARGUS": str(ARGUS if ARGUS.exists() else shutil.which("argus")),
+        "ARGUS": argus(),
     }
     return subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=check)
 
