@@ -536,7 +536,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         if args.argus_source
         else (current_source(args.dir) if args.force else None) or default_source()
     )
-    for path in init_repo(args.dir, user=args.user, force=args.force, source=source):
+    for path in init_repo(args.dir, user=args.user, force=args.force, source=source, ci=args.ci):
         print(f"{'refreshed' if args.force else 'created'} {path}")
     print(f"argus source (workflow, README, pre-commit): {source.pip}")
     if source.placeholder:
@@ -612,6 +612,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         require_signed=bool(args.require_signed_commits),
         allowed_signers=args.allowed_signers,
         admins=tuple(a.strip() for a in (args.admins or "").split(",") if a.strip()),
+        forge_signers=_names(args.forge_signers),
+        forge_pull_refs=args.forge_pull_refs or None,
         keys_dir=args.keys_dir,
         timeout=args.timeout,
     )
@@ -841,12 +843,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="scaffold a new config repository in DIR",
         description="Write cluster.yaml, an example user with a model and a task, a README for users, the "
         "JSON Schemas under .argus/schemas/ (named by each file's yaml-language-server modeline), a "
-        ".pre-commit-config.yaml running `argus validate --offline` and a GitHub Actions workflow that posts "
-        "`argus plan` on pull requests. Refuses to overwrite existing files; --force refreshes the generated "
-        "ones only.",
+        ".pre-commit-config.yaml running `argus validate --offline` and a CI job (--ci) that runs `argus "
+        "validate` and `argus plan` on pull requests. Refuses to overwrite existing files; --force refreshes the "
+        "generated ones only.",
     )
     it.add_argument("dir", metavar="DIR", help="folder of the new repository (created if missing)")
     it.add_argument("--user", default="alice", help="name of the example user (default: alice)")
+    it.add_argument(
+        "--ci",
+        choices=("github", "gitlab", "none"),
+        default=None,
+        help="the CI that checks pull requests: github (.github/workflows/argus.yaml, the default for a new "
+        "repository), gitlab (.gitlab-ci.yml including .gitlab/argus.gitlab-ci.yml) or none; with --force, "
+        "default: the CI the repository has",
+    )
     it.add_argument(
         "--force",
         action="store_true",
@@ -888,6 +898,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--allowed-signers", default=_env("ALLOWED_SIGNERS"), metavar="FILE", help="[ARGUS_ALLOWED_SIGNERS]"
     )
     dr.add_argument("--admins", default=_env("ADMINS", ""), metavar="NAME,...", help="[ARGUS_ADMINS]")
+    dr.add_argument(
+        "--forge-signers", default=_env("FORGE_SIGNERS", ""), metavar="NAME,...", help="[ARGUS_FORGE_SIGNERS]"
+    )
+    dr.add_argument(
+        "--forge-pull-refs", default=_env("FORGE_PULL_REFS"), metavar="PATTERN", help="[ARGUS_FORGE_PULL_REFS]"
+    )
     dr.add_argument("--keys-dir", default=_env("KEYS_DIR"), help="the users' <user>.pub files [ARGUS_KEYS_DIR]")
     dr.add_argument("--timeout", type=float, default=10.0, help="seconds each check may take (default: 10)")
     dr.add_argument("--format", choices=["text", "json"], default="text")
@@ -1040,6 +1056,30 @@ def _source_args(p: argparse.ArgumentParser) -> None:
         help="a commit whose tree is trusted as it is; signatures are required after it "
         "(default: every commit) [ARGUS_SIGNED_SINCE]",
     )
+    p.add_argument(
+        "--forge-signers",
+        default=_env("FORGE_SIGNERS", ""),
+        metavar="NAME,...",
+        help="principals of the allowed-signers file that are forges (GitHub, GitLab, Gitea): they change "
+        "nothing by their own authority; their pull-request merges deploy what the owners signed "
+        "[ARGUS_FORGE_SIGNERS]",
+    )
+    p.add_argument(
+        "--forge-pull-refs",
+        default=_env("FORGE_PULL_REFS"),
+        metavar="PATTERN",
+        help="the forge's pull-request head refs (refs/pull/*/head for GitHub and Gitea, "
+        "refs/merge-requests/*/head for GitLab), fetched so that squash and rebase merges can be "
+        "verified against the signed commits (default: none; those merges are refused) [ARGUS_FORGE_PULL_REFS]",
+    )
+    p.add_argument(
+        "--forge-pull-limit",
+        type=int,
+        default=_env("FORGE_PULL_LIMIT", "200"),
+        metavar="N",
+        help="how many pull-request heads (newest first) a squash or rebase merge is compared with "
+        "(default 200) [ARGUS_FORGE_PULL_LIMIT]",
+    )
 
 
 def _status_branch_name(branch: str) -> None:
@@ -1058,9 +1098,17 @@ def _signing(args: argparse.Namespace) -> SigningPolicy:
         allowed_signers=os.path.abspath(args.allowed_signers) if args.allowed_signers else None,
         admins=tuple(a.strip() for a in (args.admins or "").split(",") if a.strip()),
         since=args.signed_since or None,
+        forge_signers=_names(args.forge_signers),
+        forge_pull_refs=args.forge_pull_refs or None,
+        forge_pull_limit=args.forge_pull_limit,
     )
     policy.check()
     return policy
+
+
+def _names(value: str | None) -> tuple[str, ...]:
+    """``a, b,c`` as ``("a", "b", "c")``."""
+    return tuple(a.strip() for a in (value or "").split(",") if a.strip())
 
 
 def _parts(args: argparse.Namespace, source: Any) -> Any:
@@ -1068,6 +1116,7 @@ def _parts(args: argparse.Namespace, source: Any) -> Any:
     from reconciler.daemon import build_parts
 
     signing = _signing(args)
+    source.pull_refs = signing.forge_pull_refs  # fetched into the mirror with the branches
     state_dir = os.path.join(args.cache_dir, "state")
     return build_parts(
         source,

@@ -79,6 +79,8 @@ class Settings:
     require_signed: bool = False
     allowed_signers: str | None = None
     admins: tuple[str, ...] = ()
+    forge_signers: tuple[str, ...] = ()
+    forge_pull_refs: str | None = None
     keys_dir: str | None = None
     timeout: float = 10.0
 
@@ -362,7 +364,21 @@ def check_signing(settings: Settings) -> str:
     keyless = [a for a in settings.admins if a not in principals]
     if keyless:
         raise CheckFailed(f"admin(s) without a key: {', '.join(keyless)}", "add keys/<admin>.pub")
-    return f"on; {settings.allowed_signers} has {len(principals)} signer(s), admins {', '.join(settings.admins)}"
+    both = [f for f in settings.forge_signers if f in settings.admins]
+    if both:
+        raise CheckFailed(f"forge principal(s) also admin(s): {', '.join(both)}", "a forge may change nothing itself")
+    # A forge without a key in the file: every merge it makes is refused, with no other sign.
+    keyless = [f for f in settings.forge_signers if f not in principals]
+    if keyless:
+        raise CheckFailed(
+            f"forge principal(s) without a key: {', '.join(keyless)}",
+            "add the forge's SSH merge key to the allowed-signers file as `<name> ssh-ed25519 AAAA...`",
+        )
+    line = f"on; {settings.allowed_signers} has {len(principals)} signer(s), admins {', '.join(settings.admins)}"
+    if settings.forge_signers:
+        how = f"squash/rebase against {settings.forge_pull_refs}" if settings.forge_pull_refs else "merge commits only"
+        line += f"; forges {', '.join(settings.forge_signers)} ({how})"
+    return line
 
 
 def check_gpus(settings: Settings) -> str:

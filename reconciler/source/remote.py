@@ -54,6 +54,10 @@ class RepoSource:
     repo: GitRepo
     local: bool
     status_branch: str = "argus/status"  # argus's own branch: never mirrored over (see above)
+    # A forge's pull-request heads (``refs/pull/*/head``), fetched under the same names: a squash or
+    # rebase merge is verified against their signed commits (reconciler.source.forge). Checked
+    # (SigningPolicy.check) never to name branches or argus's own refs.
+    pull_refs: str | None = None
 
     def fetch(self) -> None:
         """Bring the mirror up to date (no-op for a local repository). Raises SourceUnavailable."""
@@ -67,6 +71,7 @@ class RepoSource:
             "origin",
             "+refs/heads/*:refs/remotes/origin/*",
             f"+refs/notes/*:{NOTES_TRACKING}*",
+            *([f"+{self.pull_refs}:{self.pull_refs}"] if self.pull_refs else []),
         )
         self._mirror_branches()
 

@@ -10,11 +10,16 @@ start (``--signed-since``, or the root) is checked with git's SSH signature supp
 that file (principals are user names):
 
 - a change under ``users/<u>/`` needs a signature by ``<u>`` or by an admin;
-- a change to ``cluster.yaml`` (or any other file) needs an admin.
+- a change to ``cluster.yaml`` (or any other file) needs an admin;
+- a commit signed by a forge principal (``--forge-signers``: GitHub, GitLab, Gitea merging a
+  pull request) changes nothing by the forge's authority: each path it changes is accepted
+  only when the pull request's commits that made that change are signed by the path's owner
+  or an admin (:mod:`reconciler.source.forge`).
 
 Unverified changes are skipped: the trusted tree keeps the previous good version of those
 files, and each rejection is reported. Creation times (which name served models) and the
-mass-deletion approval trailer come from verified commits only.
+mass-deletion approval trailer come from verified commits only (never from a forge's commit:
+its signature vouches for no trailer).
 
 A new head that is not a descendant of the last applied one is a **history rewrite**
 (a force-push). With signing required it is applied only when every commit since the last
@@ -30,11 +35,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 
 from reconciler import git
 from reconciler.errors import ConfigError, SourceUnavailable
+from reconciler.source.forge import DEFAULT_PULL_LIMIT, ForgeJudge, may_change, owner_of, signers_file
 from reconciler.source.git import APPROVE_TRAILER, GitRepo, decode_path
 
 Entry = tuple[str, str]  # (mode, blob)
@@ -48,15 +53,49 @@ class SigningPolicy:
     allowed_signers: str | None = None  # a file outside the repository: `<principal> <ssh public key>` lines
     admins: tuple[str, ...] = ()
     since: str | None = None  # a commit the admin vouches for: its tree is trusted as it is
+    # Forge principals (GitHub, GitLab, Gitea): they may change nothing by their own authority; their
+    # merges deploy what the owners signed (reconciler.source.forge).
+    forge_signers: tuple[str, ...] = ()
+    forge_pull_refs: str | None = None  # e.g. refs/pull/*/head: where squashed/rebased PRs' signed commits are
+    forge_pull_limit: int = DEFAULT_PULL_LIMIT
 
     def check(self) -> None:
-        """Raises ConfigError when signing is required but cannot be verified."""
+        """Raises ConfigError when signing is required but cannot be verified, or when the forge
+        settings are contradictory (a forge principal that is also an admin) or malformed."""
+        both = sorted(set(self.forge_signers) & set(self.admins))
+        if both:
+            raise ConfigError(
+                f"--forge-signers {','.join(both)}: a forge principal cannot also be an admin "
+                "(it may change nothing by its own authority)"
+            )
+        if self.forge_pull_refs is not None:
+            check_pull_refs(self.forge_pull_refs)
+        if self.forge_pull_limit < 1:
+            raise ConfigError(f"--forge-pull-limit must be at least 1, not {self.forge_pull_limit}")
         if not self.required:
             return
         if not self.allowed_signers:
             raise ConfigError("--require-signed-commits needs --allowed-signers FILE (a file outside the repository)")
         if not os.path.isfile(self.allowed_signers):
             raise ConfigError(f"allowed signers file {self.allowed_signers} does not exist")
+
+
+def check_pull_refs(pattern: str) -> None:
+    """Raises ConfigError unless ``pattern`` is a ref pattern with one ``*`` outside argus's and
+    the branches' namespaces (``refs/pull/*/head``, ``refs/merge-requests/*/head``): the refs are
+    fetched into the mirror under the same names, where they must not replace a branch."""
+    reserved = ("refs/heads/", "refs/remotes/", "refs/notes/", "refs/argus/", "refs/tags/")
+    if (
+        not pattern.startswith("refs/")
+        or pattern.count("*") != 1
+        or pattern.startswith(reserved)
+        or git.probe(None, "check-ref-format", "--refspec-pattern", pattern).returncode != 0
+    ):
+        raise ConfigError(
+            f"--forge-pull-refs {pattern!r}: expected a ref pattern with one '*' outside refs/heads, "
+            "refs/remotes, refs/notes, refs/tags and refs/argus (refs/pull/*/head for GitHub and Gitea, "
+            "refs/merge-requests/*/head for GitLab)"
+        )
 
 
 @dataclass(frozen=True)
@@ -102,6 +141,8 @@ class SignatureVerifier:
         self.state_file = state_file
         self._last: TrustedTree | None = None
         self._applied: str | None = self._read_state()
+        p = self.policy
+        self.forge = ForgeJudge(repo.path, p.admins, p.forge_signers, p.forge_pull_refs, p.forge_pull_limit)
 
     # -- public ---------------------------------------------------------------------------
     def trusted(self, head: str) -> TrustedTree:
@@ -239,8 +280,12 @@ class SignatureVerifier:
             i += 1
         if header:
             self._apply(tree, header, changes, signers)
-        # An approval counts only from a verified head commit (a rejected one cannot approve).
-        tree.approve_prune = self._signer(head, signers) is not None and self._approves(head)
+        # An approval counts only from a verified head commit (a rejected one cannot approve), and
+        # never from a forge's: its own signature vouches for nothing (the PR's trailer is not its).
+        head_signer = self._signer(head, signers)
+        tree.approve_prune = (
+            head_signer is not None and head_signer not in self.policy.forge_signers and self._approves(head)
+        )
         return tree
 
     def _apply(
@@ -252,9 +297,12 @@ class SignatureVerifier:
         if signer is not None:
             tree.verified.add(commit)
             tree.signers[commit] = signer
+        forged: dict[str, str | None] = {}
+        if signer is not None and signer in self.policy.forge_signers:
+            forged = self.forge.judge(commit, parents, [p for p, _e in changes], signer, signers)
         added: list[str] = []
         for path, entry in changes:
-            why = self._refuse(path, signer)
+            why = forged[path] if path in forged else self._refuse(path, signer)
             if why is not None:
                 tree.rejections.append(Rejection(commit, path, why))
                 continue
@@ -271,27 +319,21 @@ class SignatureVerifier:
                 tree.created[path] = times.get(path, author_time)
 
     def _refuse(self, path: str, signer: str | None) -> str | None:
+        """Why ``signer`` may not change ``path`` by its own authority (None: it may)."""
         if signer is None:
             return "not signed by a key in the allowed signers file: not applied"
-        if signer in self.policy.admins:
+        if may_change(path, signer, self.policy.admins, self.policy.forge_signers):
             return None
-        parts = path.split("/")
-        if path.startswith("users/") and len(parts) > 2 and parts[1] == signer:
-            return None
-        owner = f"{parts[1]} or an admin" if path.startswith("users/") and len(parts) > 2 else "an admin"
-        return f"signed by {signer}, but only {owner} may change it: not applied"
+        if signer in self.policy.forge_signers:
+            return f"signed by {signer}, a forge, which may change nothing by its own authority: not applied"
+        return f"signed by {signer}, but only {owner_of(path)} may change it: not applied"
 
     def _signer(self, commit: str, signers: bytes) -> str | None:
         """The principal whose key signed ``commit`` (per the daemon's allowed-signers file)."""
-        with tempfile.NamedTemporaryFile("wb", suffix=".signers", delete=False) as fh:
-            fh.write(signers)
-            path = fh.name
-        try:
+        with signers_file(signers) as path:
             out = git.run(
                 self.repo.path, "-c", f"gpg.ssh.allowedSignersFile={path}", "log", "-1", "--format=%G?%x00%GS", commit
             ).decode(errors="replace")
-        finally:
-            os.unlink(path)
         status, _, principal = out.strip().partition("\0")
         return (principal.strip() or None) if status == "G" else None
 

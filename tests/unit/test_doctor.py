@@ -3,6 +3,7 @@ the ownership key, the users' homes, the output lines and the exit status."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -169,3 +170,16 @@ def test_the_status_branch_check_names_a_branch_that_blocks_it(tmp_path: Path) -
     git(bare, "update-ref", "-d", "refs/heads/argus")
     git(bare, "update-ref", "refs/heads/argus/status", commit)
     assert "writable" in doctor.check_status_branch(settings)
+
+
+def test_signing_names_the_forges_and_needs_their_keys(tmp_path: Path) -> None:
+    signers = tmp_path / "allowed_signers"
+    signers.write_text("admin ssh-ed25519 AAAA\ngitlab ssh-ed25519 BBBB\n")
+    on = Settings(require_signed=True, allowed_signers=str(signers), admins=("admin",), forge_signers=("gitlab",))
+    assert doctor.check_signing(on).endswith("; forges gitlab (merge commits only)")
+    pulls = dataclasses.replace(on, forge_pull_refs="refs/merge-requests/*/head")
+    assert "(squash/rebase against refs/merge-requests/*/head)" in doctor.check_signing(pulls)
+    with pytest.raises(CheckFailed, match="forge principal\\(s\\) without a key: gitea"):
+        doctor.check_signing(dataclasses.replace(on, forge_signers=("gitea",)))
+    with pytest.raises(CheckFailed, match="also admin"):
+        doctor.check_signing(dataclasses.replace(on, forge_signers=("admin",)))

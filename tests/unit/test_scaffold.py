@@ -16,7 +16,18 @@ import yaml
 from reconciler import __version__
 from reconciler.cli import main
 from reconciler.errors import ArgusError
-from reconciler.scaffold import default_source, files, init_repo, is_user_file, parse_source
+from reconciler.scaffold import (
+    GITHUB_WORKFLOW,
+    GITLAB_JOB,
+    URL_PLACEHOLDER,
+    ArgusSource,
+    ci_files,
+    default_source,
+    files,
+    init_repo,
+    is_user_file,
+    parse_source,
+)
 
 BIN = Path(sys.executable).parent
 
@@ -307,3 +318,69 @@ def test_init_next_line_runs_only_commands_this_machine_has(tmp_path: Path) -> N
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ok: 2 object(s) valid" in proc.stdout
+
+
+def test_init_writes_the_chosen_ci(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--ci gitlab` writes a GitLab job (its own file, included from .gitlab-ci.yml, which is the
+    project's and never rewritten), `--ci none` no CI; `--force` keeps the CI the repository has."""
+    gitlab, plain = tmp_path / "gitlab", tmp_path / "plain"
+    assert main(["init", "--ci", "gitlab", str(gitlab)]) == 0
+    assert main(["init", "--ci", "none", str(plain)]) == 0
+    capsys.readouterr()
+    assert not (gitlab / ".github").exists() and not (plain / ".github").exists()
+    assert not (plain / ".gitlab-ci.yml").exists() and not (plain / ".gitlab").exists()
+    assert yaml.safe_load((gitlab / ".gitlab-ci.yml").read_text()) == {
+        "include": [{"local": ".gitlab/argus.gitlab-ci.yml"}]
+    }
+    job = gitlab / ".gitlab" / "argus.gitlab-ci.yml"
+    proc = run(tool("check-jsonschema"), "--builtin-schema", "vendor.gitlab-ci", str(job), cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = yaml.safe_load(job.read_text())
+    assert doc["argus-plan"]["rules"][0]["if"] == '$CI_PIPELINE_SOURCE == "merge_request_event"'
+    assert doc["variables"]["ARGUS_PACKAGE"].startswith("argus-reconciler[check] @ git+")
+    # A refresh: the job file comes back, the project's .gitlab-ci.yml is kept, no GitHub workflow appears.
+    (gitlab / ".gitlab-ci.yml").write_text("include: [{local: .gitlab/argus.gitlab-ci.yml}]\nmine: {script: [x]}\n")
+    job.write_text("stale\n")
+    rev = "0123456789abcdef0123456789abcdef01234567"
+    assert (
+        main(["init", "--force", "--argus-source", f"git+https://git.example.com/o/argus.git@{rev}", str(gitlab)]) == 0
+    )
+    assert "mine:" in (gitlab / ".gitlab-ci.yml").read_text() and not (gitlab / ".github").exists()
+    assert f"git.example.com/o/argus.git@{rev}" in job.read_text()
+    # ... and its source is kept by the next refresh, read back from the GitLab job.
+    job.write_text(job.read_text().replace("timeout: 10 minutes", "timeout: 1 minutes"))
+    assert main(["init", "--force", str(gitlab)]) == 0
+    assert "timeout: 10 minutes" in job.read_text() and f"@{rev}" in job.read_text()
+
+
+def test_gitlab_job_plan_runs_as_written(tmp_path: Path) -> None:
+    """The GitLab job's script, run here with bash as a runner would (without the install line)."""
+    repo = tmp_path / "config"
+    init_repo(str(repo), ci="gitlab")
+    run("git", "init", "-q", "-b", "main", cwd=repo)
+    run("git", "add", "-A", cwd=repo)
+    run("git", "commit", "-q", "-m", "init", cwd=repo)
+    doc = yaml.safe_load((repo / ".gitlab" / "argus.gitlab-ci.yml").read_text())
+    script = [line for line in doc["argus-plan"]["script"] if "pip install" not in line]
+    runner_env = {**env(), **doc["variables"], "PATH": f"{BIN}:{os.environ['PATH']}"}
+    proc = subprocess.run(
+        ["bash", "-eo", "pipefail", "-c", "\n".join(script)], cwd=repo, env=runner_env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (repo / "plan.exit").read_text().strip() == "2"
+    assert "deploy_model" in (repo / "plan.md").read_text() and "alice/models/chat" in proc.stdout
+    # A broken file fails the job.
+    (repo / "users/alice/models/chat.yaml").write_text("kind: Model\nreplicas: many\n")
+    proc = subprocess.run(
+        ["bash", "-eo", "pipefail", "-c", "\n".join(script)], cwd=repo, env=runner_env, capture_output=True, text=True
+    )
+    assert proc.returncode != 0 and "users/alice/models/chat.yaml:" in proc.stderr
+
+
+def test_the_ci_examples_are_what_init_writes() -> None:
+    source = ArgusSource(URL_PLACEHOLDER, "<tag or commit>")
+    examples = Path(__file__).resolve().parents[2] / "examples" / "ci"
+    assert (examples / "github-actions.yaml").read_text() == ci_files("github", source)[GITHUB_WORKFLOW]
+    assert (examples / "gitlab-ci.yml").read_text() == ci_files("gitlab", source)[GITLAB_JOB]
+    with pytest.raises(ArgusError, match="--ci 'jenkins'"):
+        ci_files("jenkins", source)

@@ -1,0 +1,341 @@
+"""Pull-request merges made by a forge (GitHub, GitLab, Gitea): which of their changes the
+owners signed. I/O (git), used by :mod:`reconciler.source.signatures`.
+
+A forge principal (``--forge-signers``) is a key in the daemon's allowed-signers file that
+may change **nothing** by its own authority: it is neither an admin nor a user. A commit it
+signs carries changes that someone else signed, and each path it changes is accepted only
+when the commits that made that change verify for the path under the normal rules (a
+change under ``users/<u>/`` signed by ``<u>`` or an admin, anything else by an admin):
+
+- **merge commit** (two parents): a path the merge changes (first parent -> merge) is
+  accepted when the merge's content for it equals the pull-request head's (the second
+  parent: the forge added nothing of its own, so a conflict resolved on the forge is
+  refused) and every commit of the pull-request side (``merge^2 --not merge^1``) that
+  changes the path verifies for it, at least one of them changing it (a merge cannot bring
+  back an old version of a file the pull request never touched);
+- **squash or rebase** (one parent): the owners' signatures are not on the branch, so the
+  forge's pull-request refs (``--forge-pull-refs``) are searched: a path is accepted when a
+  pull-request head ``H`` (one of the :data:`DEFAULT_PULL_LIMIT` newest not merged into the
+  parent) has either a commit ``K`` (``H --not parent``) with the same patch
+  (``git patch-id --stable``) that verifies for the path (rebase), or the same content for
+  the path, with every commit of ``H --not merge-base(parent, H)`` that changes the path
+  verifying for it, at least one changing it (squash);
+- anything else a forge signs (an octopus merge, a root commit) is refused.
+
+Acceptance is per path, as for every other commit: a pull request that changes the
+author's own files and another user's without that user's signature deploys the author's
+part only, and each refused path is reported with the commit and the reason.
+Every walk is bounded (:data:`MAX_PR_COMMITS` commits per pull request,
+:data:`MAX_PULL_COMMITS` compared by patch, ``pull_limit`` refs); a squash or rebase commit costs
+a constant number of git runs for all heads (plus the heads that match), and the verdicts are
+cached per commit (and allowed-signers content) in a bounded cache (:data:`CACHE_SIZE`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from reconciler import git
+from reconciler.source.git import decode_path
+
+MAX_PR_COMMITS = 1000  # commits of one pull request looked at; past it, its changes are refused
+MAX_PULL_COMMITS = 5000  # commits of all open pull requests compared by patch with a rebased commit
+DEFAULT_PULL_LIMIT = 200  # pull-request refs considered for a squash or rebase, newest first
+CACHE_SIZE = 256  # forge commits whose verdicts are kept
+
+Verdict = dict[str, str | None]  # path -> why it is refused (None: accepted)
+
+
+def owner_of(path: str) -> str:
+    """Who may change ``path``, in words: ``"bob or an admin"`` or ``"an admin"``."""
+    parts = path.split("/")
+    return f"{parts[1]} or an admin" if path.startswith("users/") and len(parts) > 2 else "an admin"
+
+
+def may_change(path: str, signer: str | None, admins: Iterable[str], forges: Iterable[str]) -> bool:
+    """True when ``signer`` may change ``path`` by its own authority. A forge principal may
+    change nothing (even a ``users/<forge>/`` folder); an admin anything; a user her folder."""
+    if signer is None or signer in forges:
+        return False
+    if signer in admins:
+        return True
+    parts = path.split("/")
+    return path.startswith("users/") and len(parts) > 2 and parts[1] == signer
+
+
+@contextmanager
+def signers_file(signers: bytes) -> Iterator[str]:
+    """A temporary copy of the allowed-signers file (what git reads); yields its path."""
+    with tempfile.NamedTemporaryFile("wb", suffix=".signers", delete=False) as fh:
+        fh.write(signers)
+        path = fh.name
+    try:
+        yield path
+    finally:
+        os.unlink(path)
+
+
+@dataclass(frozen=True)
+class PrCommit:
+    """A commit of a pull request: its id, the principal whose key signed it (None: no good
+    signature by an allowed key) and the paths it changes (merges: against the first parent)."""
+
+    sha: str
+    signer: str | None
+    paths: frozenset[str]
+
+
+class ForgeJudge:
+    """Judges the changes of commits signed by a forge principal (see the module docstring)."""
+
+    def __init__(
+        self,
+        repo: str,
+        admins: tuple[str, ...],
+        forges: tuple[str, ...],
+        pull_refs: str | None = None,
+        pull_limit: int = DEFAULT_PULL_LIMIT,
+    ) -> None:
+        self.repo = repo
+        self.admins = admins
+        self.forges = forges
+        self.pull_refs = pull_refs
+        self.pull_limit = pull_limit
+        self._cache: OrderedDict[tuple[str, str], Verdict] = OrderedDict()
+
+    def judge(self, commit: str, parents: list[str], paths: list[str], forge: str, signers: bytes) -> Verdict:
+        """path -> None (accepted) or why the change of ``path`` by ``commit`` (signed by the
+        forge principal ``forge``) is refused. Raises GitError when git fails."""
+        key = (commit, hashlib.sha256(signers).hexdigest())  # a key added to the file may change the verdict
+        cached = self._cache.get(key)
+        if cached is not None and set(cached) >= set(paths):
+            self._cache.move_to_end(key)
+            return {p: cached[p] for p in paths}
+        if len(parents) == 2:
+            verdict = self._merge(commit, parents[0], parents[1], paths, forge, signers)
+        elif len(parents) == 1:
+            verdict = self._rewritten(commit, parents[0], paths, forge, signers)
+        else:
+            what = "an octopus merge" if parents else "a root commit"
+            why = f"signed by {forge}, a forge, but {what}: nothing of it was signed by its owners: not applied"
+            verdict = dict.fromkeys(paths, why)
+        self._cache[key] = verdict
+        while len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return verdict
+
+    # -- merge commits ----------------------------------------------------------------------
+    def _merge(self, merge: str, base: str, head: str, paths: list[str], forge: str, signers: bytes) -> Verdict:
+        own = self._differs(head, merge)
+        commits = self._pr_commits(signers, head, "--not", base)
+        verdict: Verdict = {}
+        for path in paths:
+            if path in own:
+                verdict[path] = (
+                    f"merged by {forge}, a forge, with content of its own: {path} differs from the pull "
+                    f"request head {head[:12]} (a conflict resolved on the forge?): not applied"
+                )
+            elif commits is None:
+                verdict[path] = (
+                    f"merged by {forge}: the pull request has more than {MAX_PR_COMMITS} commits, "
+                    "which are not checked: not applied"
+                )
+            else:
+                why = self._owners(path, commits)
+                verdict[path] = None if why is None else f"merged by {forge}: {why}: not applied"
+        return verdict
+
+    # -- squash and rebase ------------------------------------------------------------------
+    def _rewritten(self, commit: str, parent: str, paths: list[str], forge: str, signers: bytes) -> Verdict:
+        """A forge commit with one parent: each path is accepted when a pull-request head holds the
+        owners' signed version of the change (same patch: rebase; same content: squash).
+
+        A constant number of git runs for all pull-request heads (one patch-id pass over their
+        commits, one object lookup of the paths in every head); only heads that match cost more."""
+        if not self.pull_refs:
+            refused = (
+                f"signed by {forge}, a forge, and not a merge commit (a squash or rebase merge: the owners' "
+                "signatures are not on the branch); merge pull requests with a merge commit, or set "
+                "--forge-pull-refs so that the signed pull-request commits can be found: not applied"
+            )
+            return dict.fromkeys(paths, refused)
+        verdict: Verdict = dict.fromkeys(
+            paths,
+            f"signed by {forge}, a forge, but none of the {self.pull_limit} newest open pull-request heads "
+            f"({self.pull_refs}) has this patch, or this content with signed commits: not applied",
+        )
+        specific: set[str] = set()  # paths whose reason names a pull request that brought the change
+        todo = set(paths)
+        heads = [h for h in self._pull_heads(parent) if h != commit]
+        if not heads:
+            return verdict
+        # Rebase: a pull-request commit (not on the branch yet) with the same patch, signed for the path.
+        patch = self._patch_ids(commit, "--not", parent).get(commit)
+        twins = [k for k, pid in self._patch_ids(*heads, "--not", parent).items() if pid == patch and k != commit]
+        signer_of = self._signers(signers, twins) if patch is not None and twins else {}
+        for path in sorted(todo):
+            signed = [k for k in twins if may_change(path, signer_of.get(k), self.admins, self.forges)]
+            if signed:
+                verdict[path] = None
+                todo.discard(path)
+            elif twins:
+                unsigned = self._unsigned(path, signer_of.get(twins[0]))
+                verdict[path] = f"rebased by {forge} from PR commit {twins[0][:12]}, which {unsigned}: not applied"
+                specific.add(path)
+        # Squash: a head with the commit's content for the path, every pull-request commit changing it signed.
+        if todo:
+            mine = self._objects([(commit, p) for p in todo])
+            theirs = self._objects([(h, p) for h in heads for p in todo])
+            for head in heads:
+                same = [p for p in sorted(todo) if theirs[(head, p)] == mine[(commit, p)]]
+                if same:
+                    differs = self._differs(commit, head)  # also compares modes
+                    same = [p for p in same if p not in differs]
+                if not same:
+                    continue
+                fork = git.text(self.repo, "merge-base", parent, head, check=False)
+                commits = self._pr_commits(signers, head, *(["--not", fork] if fork else []))
+                for path in same:
+                    why: str | None
+                    if commits is None:
+                        why = f"the pull request {head[:12]} has more than {MAX_PR_COMMITS} commits"
+                    elif not any(path in k.paths for k in commits):
+                        continue  # this pull request did not bring the change: not its content to vouch for
+                    else:
+                        why = self._owners(path, commits)
+                    if why is None:
+                        verdict[path] = None
+                        todo.discard(path)
+                    elif path not in specific:
+                        verdict[path] = f"squashed by {forge} from pull request head {head[:12]}: {why}: not applied"
+                        specific.add(path)
+                if not todo:
+                    break
+        return verdict
+
+    def _pull_heads(self, parent: str) -> list[str]:
+        """The newest (committer date) ``pull_limit`` pull-request heads not merged into ``parent``."""
+        assert self.pull_refs is not None
+        out = git.text(
+            self.repo,
+            "for-each-ref",
+            "--sort=-committerdate",
+            f"--count={self.pull_limit}",
+            f"--no-merged={parent}",
+            "--format=%(objectname)",
+            self.pull_refs,
+        )
+        return list(dict.fromkeys(out.split()))
+
+    def _patch_ids(self, *revs: str) -> dict[str, str]:
+        """commit -> ``git patch-id --stable`` of each non-merge commit of ``revs`` (at most
+        :data:`MAX_PULL_COMMITS`, newest first)."""
+        log = git.run(
+            self.repo,
+            "log",
+            "--no-merges",
+            f"--max-count={MAX_PULL_COMMITS}",
+            "-p",
+            "--no-renames",
+            "--no-color",
+            "--no-ext-diff",
+            "--format=commit %H",
+            *revs,
+        )
+        out = git.run(self.repo, "patch-id", "--stable", input=log).decode()
+        ids: dict[str, str] = {}
+        for line in out.splitlines():
+            pid, _, sha = line.partition(" ")
+            ids[sha.strip()] = pid
+        return ids
+
+    def _objects(self, wanted: list[tuple[str, str]]) -> dict[tuple[str, str], str | None]:
+        """(commit, path) -> the object id at that path (None: absent), in one ``cat-file --batch-check``.
+        A path with a newline (which the lookup cannot name) gets a value of its own per commit, so it
+        is never found equal in two commits."""
+        names = [(c, p) for c, p in wanted if "\n" not in p]
+        found: dict[tuple[str, str], str | None] = {(c, p): f"\n{c}" for c, p in wanted if "\n" in p}
+        if names:
+            request = "".join(f"{c}:{p}\n" for c, p in names).encode("utf-8", "surrogateescape")
+            out = git.run(self.repo, "cat-file", "--batch-check=%(objectname)", input=request).decode()
+            for key, line in zip(names, out.splitlines(), strict=True):
+                found[key] = None if line.endswith(" missing") else line.strip()
+        return found
+
+    # -- shared -----------------------------------------------------------------------------
+    def _owners(self, path: str, commits: list[PrCommit]) -> str | None:
+        """Why ``path``'s state at the pull-request head is not one its owners made (None: it is)."""
+        touching = [k for k in commits if path in k.paths]
+        if not touching:
+            return f"no commit of the pull request changes {path}"
+        for k in reversed(touching):  # oldest first: the first bad commit is reported
+            if not may_change(path, k.signer, self.admins, self.forges):
+                return f"PR commit {k.sha[:12]} changes {path} but {self._unsigned(path, k.signer)}"
+        return None
+
+    def _unsigned(self, path: str, signer: str | None) -> str:
+        by = "is not signed by a key in the allowed signers file" if signer is None else f"is signed by {signer}"
+        return f"is not signed by {owner_of(path)} ({by.removeprefix('is ')})"
+
+    def _differs(self, a: str, b: str) -> set[str]:
+        """Paths whose entry differs between commits ``a`` and ``b``."""
+        out = git.run(self.repo, "diff-tree", "-r", "-z", "--no-renames", "--name-only", a, b)
+        return {decode_path(p) for p in out.split(b"\0") if p}
+
+    def _pr_commits(self, signers: bytes, *revs: str) -> list[PrCommit] | None:
+        """The commits of ``revs`` (newest first) with their signers and changed paths; None when
+        there are more than :data:`MAX_PR_COMMITS`."""
+        with signers_file(signers) as path:
+            out = git.run(
+                self.repo,
+                "-c",
+                f"gpg.ssh.allowedSignersFile={path}",
+                "log",
+                f"--max-count={MAX_PR_COMMITS + 1}",
+                "--raw",
+                "--no-renames",
+                "--no-abbrev",
+                "-z",
+                "--diff-merges=first-parent",
+                "--format=%x01%H%x02%G?%x02%GS",
+                *revs,
+            )
+        commits: list[tuple[str, str | None, set[str]]] = []
+        tokens = out.split(b"\0")
+        i = 0
+        while i < len(tokens):
+            raw = tokens[i].lstrip(b"\n")
+            if raw.startswith(b"\x01"):
+                sha, status, principal = raw[1:].decode(errors="replace").split("\x02")
+                commits.append((sha, (principal.strip() or None) if status == "G" else None, set()))
+            elif raw.startswith(b":") and i + 1 < len(tokens) and commits:
+                commits[-1][2].add(decode_path(tokens[i + 1]))
+                i += 1
+            i += 1
+        if len(commits) > MAX_PR_COMMITS:
+            return None
+        return [PrCommit(sha, signer, frozenset(paths)) for sha, signer, paths in commits]
+
+    def _signers(self, signers: bytes, commits: list[str]) -> dict[str, str | None]:
+        """commit -> the principal whose key signed it (None: no good signature by an allowed key)."""
+        with signers_file(signers) as path:
+            out = git.run(
+                self.repo,
+                "-c",
+                f"gpg.ssh.allowedSignersFile={path}",
+                "log",
+                "--no-walk=unsorted",
+                "--format=%H%x02%G?%x02%GS",
+                *commits,
+            ).decode(errors="replace")
+        found: dict[str, str | None] = {}
+        for line in out.splitlines():
+            sha, status, principal = [*line.split("\x02"), "", ""][:3]
+            found[sha] = (principal.strip() or None) if status == "G" else None
+        return found
