@@ -1,0 +1,229 @@
+"""Hostile pull requests against the forge-merge trust model (issue #32 item 1 review).
+
+mallory has her own folder (users/mallory/), her own signing key, and can open pull requests,
+push branches and pull-request refs and craft any commit; the forge (github) signs the merges,
+squashes and rebases she gets through. Each test is one attempt to change users/bob/ or
+cluster.yaml without bob's or an admin's signature (or to stop others' changes from
+deploying); the oracle is the verifier's TrustedTree. Attempts that currently succeed are
+``xfail(strict=True)`` with the reason: they pass (and must lose the mark) once fixed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support import git
+from tests.unit.test_forge_merges import Forge, _key
+
+B = "users/bob/models/b.yaml"
+A = "users/alice/models/a.yaml"
+M = "users/mallory/models/m.yaml"
+
+
+class Mallory(Forge):
+    """The simulated forge of test_forge_merges, with mallory's key in the allowed signers."""
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__(tmp)
+        self.keys["mallory"] = _key(tmp, "mallory")
+        self.signers.write_text("".join(f"{who} {key}\n" for who, (_p, key) in self.keys.items()))
+
+    def publish(self, head: str) -> str:
+        """Publishes ``head`` as a new pull request's ref (refs/pull/<n>/head); returns it."""
+        self.pulls += 1
+        self.git("update-ref", f"refs/pull/{self.pulls}/head", head)
+        return head
+
+    def blob(self, rev: str, path: str) -> str | None:
+        proc = self.git("ls-tree", rev, "--", path)
+        return git(self.path, "cat-file", "blob", proc.split()[2]).strip() if proc else None
+
+
+@pytest.fixture
+def forge(tmp_path: Path) -> Mallory:
+    return Mallory(tmp_path)
+
+
+def _land(forge: Forge, how: str, head: str) -> str:
+    return {"merge": forge.merge, "squash": forge.squash, "rebase": forge.rebase}[how](head)
+
+
+# -- attacks that are refused ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["merge", "squash", "rebase"])
+def test_mallory_deleting_bobs_file_in_her_pull_request_is_refused(forge: Mallory, how: str) -> None:
+    forge.git("checkout", "-q", "-b", "evil", "main")
+    forge.write(M, "m")
+    forge.git("rm", "-q", B)
+    head = forge.publish(forge.commit("my model, and bob's is gone", "mallory"))
+    forge.git("checkout", "-q", "main")
+    _land(forge, how, head)
+    files, rejected = forge.trusted()
+    assert files[B] == "b1" and files[M] == "m"
+    assert len(rejected) == 1 and B in rejected[0] and "(signed by mallory)" in rejected[0]
+
+
+@pytest.mark.parametrize("how", ["merge", "squash"])
+def test_reverting_bobs_change_through_a_forge_merge_is_refused(forge: Mallory, how: str) -> None:
+    forge.write(B, "b2")
+    bobs = forge.commit("bob on main", "bob")
+    forge.git("checkout", "-q", "-b", "evil", "main")
+    forge.git("revert", "--no-edit", "-S", bobs, signer="mallory")
+    head = forge.publish(forge.git("rev-parse", "HEAD"))
+    forge.git("checkout", "-q", "main")
+    _land(forge, how, head)
+    files, rejected = forge.trusted()
+    assert files[B] == "b2" and len(rejected) == 1 and "(signed by mallory)" in rejected[0]
+
+
+@pytest.mark.parametrize("how", ["merge", "squash"])
+def test_bobs_signed_commit_followed_by_mallorys_change_is_refused(forge: Mallory, how: str) -> None:
+    """bob's signed commit taken from his own pull request, then mallory's edit of the same file:
+    every pull-request commit changing the path must be bob's."""
+    bobs = forge.pull_request(("bob", {B: "b2"}))
+    forge.git("checkout", "-q", "-b", "evil", bobs)
+    forge.write(B, "b2 + mallory's line")
+    head = forge.publish(forge.commit("on top of bob's", "mallory"))
+    forge.git("checkout", "-q", "main")
+    _land(forge, how, head)
+    files, _rejected = forge.trusted()
+    assert files[B] == "b1"
+
+
+def test_an_octopus_merge_by_the_forge_is_refused(forge: Mallory) -> None:
+    one = forge.pull_request(("bob", {B: "b2"}))
+    two = forge.pull_request(("mallory", {M: "m"}))
+    forge.git("merge", "-q", "--no-ff", "-S", "-m", "octopus", one, two, signer="github")
+    files, rejected = forge.trusted()
+    assert files[B] == "b1" and M not in files and all("an octopus merge" in r for r in rejected)
+
+
+def test_a_forge_commit_published_as_its_own_pull_request_does_not_vouch_for_itself(forge: Mallory) -> None:
+    """The forge's squash commit (or a descendant of it) pushed as a pull-request head: its only
+    commit changing the path is the forge's own, which changes nothing by its own authority."""
+    forge.write(B, "forge's own")
+    commit = forge.commit("forge commit", "github")
+    forge.publish(commit)
+    forge.git("checkout", "-q", "-b", "evil", commit)
+    forge.write(M, "m")
+    forge.publish(forge.commit("descendant", "mallory"))
+    forge.git("checkout", "-q", "main")
+    files, _rejected = forge.trusted()
+    assert files[B] == "b1"
+
+
+@pytest.mark.parametrize("how", ["squash", "rebase"])
+def test_bobs_signed_change_moved_to_another_file_is_refused(forge: Mallory, how: str) -> None:
+    """Same lines, another file (mallory's copy of bob's signed change into cluster.yaml's
+    place): patch ids name the file, and the content check is per path."""
+    forge.pull_request(("bob", {B: "kind: Cluster\n# bob's\n"}))
+    forge.git("checkout", "-q", "-b", "evil", "main")
+    forge.write("cluster.yaml", "kind: Cluster\n# bob's\n")
+    head = forge.publish(forge.commit("cluster", "mallory"))
+    forge.git("checkout", "-q", "main")
+    _land(forge, how, head)
+    files, _rejected = forge.trusted()
+    assert files["cluster.yaml"] == "kind: Cluster"
+
+
+# -- attacks that succeed (xfail strict: remove the mark with the fix) ---------------------
+
+
+def _rollback_branch(forge: Mallory, path: str, witness_signer: str, main_version: str | None) -> str:
+    """mallory's pull request that puts ``path`` back to its version at the trust start (or
+    deletes it), with no commit of hers changing it on any first-parent diff:
+
+    1. her branch starts at the trust start (``since``), where ``path`` has its old version;
+    2. she merges a witness, any commit signed by the owner that changes ``path`` and is not on
+       main (here the owner's open pull request), keeping her side for ``path``: the merge's
+       first-parent diff does not show ``path``;
+    3. she merges main (the owner's newer version), again keeping her side ("Update branch").
+    The forge's merge (or squash) then changes ``path`` back to the old version, and the only
+    pull-request commit whose first-parent diff changes ``path`` is the owner's witness."""
+    if main_version is None:
+        forge.write(path, "created on main by its owner")
+    else:
+        forge.write(path, main_version)
+    forge.commit("the owner's newer version, on main", witness_signer)
+    witness = forge.pull_request((witness_signer, {path: "the owner's draft, under review"}))
+    forge.git("checkout", "-q", "-b", "evil", forge.since)
+    forge.write(M, "m")
+    mine = forge.commit("my model", "mallory")
+    for other in (witness, "main"):
+        forge.git("merge", "-q", "--no-ff", "--no-commit", "-s", "ours", other)
+        forge.git("read-tree", "-u", "--reset", mine)  # her side of everything, the old `path`
+        forge.commit(f"Merge {other}", "mallory")
+    head = forge.publish(forge.git("rev-parse", "HEAD"))
+    forge.git("checkout", "-q", "main")
+    return head
+
+
+ROLLBACK = (
+    "rolled back (or deleted) with an owner-signed witness: PR-side merges are judged on their first-parent diff only"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=ROLLBACK)
+@pytest.mark.parametrize("how", ["merge", "squash"])
+@pytest.mark.parametrize(
+    ("path", "owner", "main_version"),
+    [
+        (B, "bob", "b2"),
+        ("cluster.yaml", "root", "kind: Cluster\n# admin's newer\n"),
+        ("users/bob/new.yaml", "bob", None),
+    ],
+)
+def test_rollback_of_bobs_file_or_cluster_yaml_via_a_witness_commit(
+    forge: Mallory, how: str, path: str, owner: str, main_version: str | None
+) -> None:
+    head = _rollback_branch(forge, path, owner, main_version)
+    before = forge.blob("main", path)
+    _land(forge, how, head)
+    assert forge.blob("main", path) != before  # the forge's commit does change it
+    files, rejected = forge.trusted()
+    assert files.get(path) == before and files[M] == "m"
+    assert any(path in r for r in rejected)
+
+
+@pytest.mark.xfail(strict=True, reason="squash replays bob's superseded version from his old squashed PR's ref")
+def test_squash_replays_an_old_version_bob_signed_in_a_squashed_pull_request(forge: Mallory) -> None:
+    """bob's two pull requests are squashed (b2, then b3); their signed commits stay in their
+    refs, not merged into main. mallory's squash setting b2 again finds bob's first pull request
+    with that content and bob's signature: b3 goes back to b2."""
+    forge.squash(forge.pull_request(("bob", {B: "b2"})))
+    forge.squash(forge.pull_request(("bob", {B: "b3"})))
+    assert forge.trusted()[0][B] == "b3"
+    forge.squash(forge.pull_request(("mallory", {M: "m", B: "b2"})))
+    files, _rejected = forge.trusted()
+    assert files[M] == "m"
+    assert files[B] == "b3"
+
+
+@pytest.mark.xfail(strict=True, reason="git patch-id --stable ignores whitespace: YAML indentation is not compared")
+def test_rebase_matching_bobs_patch_with_other_indentation_is_refused(forge: Mallory) -> None:
+    """bob's open pull request adds two keys under ``resources``; mallory's rebased commit adds
+    the same lines with ``replicas`` dedented (another meaning in YAML). patch-id --stable
+    strips whitespace, so bob's commit is taken as the rebased commit's signed twin."""
+    forge.pull_request(("bob", {B: "b1\nresources:\n  gpus: 1\n  replicas: 2\n"}))
+    evil = forge.pull_request(("mallory", {B: "b1\nresources:\n  gpus: 1\nreplicas: 2\n"}))
+    forge.rebase(evil)
+    files, rejected = forge.trusted()
+    assert files[B] == "b1" and len(rejected) == 1
+
+
+@pytest.mark.xfail(strict=True, reason="verdicts depend on the N newest PR refs at verification time (restart)")
+def test_newer_pull_requests_do_not_undo_a_deployed_squash_after_a_restart(forge: Mallory) -> None:
+    """alice's squashed change deploys. mallory then opens ``pull_limit`` pull requests (their
+    committer dates are hers to choose: newest forever). Every verification from the trust start
+    (a restart, a new key in the allowed-signers file) judges alice's old squash against the
+    newest refs only: her change is refused and her file goes back to the old version."""
+    forge.pull_limit = 3
+    forge.squash(forge.pull_request(("alice", {A: "a2"})))
+    assert forge.trusted() == ({**forge.trusted()[0], A: "a2"}, [])
+    for i in range(forge.pull_limit):
+        forge.pull_request(("mallory", {M: f"spam {i}"}))
+    files, rejected = forge.trusted()  # forge.trusted() starts a new verifier: a restart
+    assert files[A] == "a2" and rejected == []
