@@ -11,15 +11,18 @@ change under ``users/<u>/`` signed by ``<u>`` or an admin, anything else by an a
   accepted when the merge's content for it equals the pull-request head's (the second
   parent: the forge added nothing of its own, so a conflict resolved on the forge is
   refused) and every commit of the pull-request side (``merge^2 --not merge^1``) that
-  changes the path verifies for it, at least one of them changing it (a merge cannot bring
-  back an old version of a file the pull request never touched);
+  changes the path verifies for it, at least one of them changing it, and their changes lead
+  from the version in force (the first parent's) to the head's (a merge cannot bring back an
+  old version of a file, which the first-parent diffs of merges inside the pull request and
+  another pull request's signed commits would otherwise allow);
 - **squash or rebase** (one parent): the owners' signatures are not on the branch, so the
   forge's pull-request refs (``--forge-pull-refs``) are searched: a path is accepted when a
   pull-request head ``H`` (one of the :data:`DEFAULT_PULL_LIMIT` newest not merged into the
   parent) has either a commit ``K`` (``H --not parent``) with the same patch
-  (``git patch-id --stable``) that verifies for the path (rebase), or the same content for
-  the path, with every commit of ``H --not merge-base(parent, H)`` that changes the path
-  verifying for it, at least one changing it (squash);
+  (``git patch-id --verbatim``: whitespace counts, as YAML indentation does) that verifies
+  for the path (rebase), or the same content for the path, with every commit of
+  ``H --not merge-base(parent, H)`` that changes the path verifying for it, at least one
+  changing it, and their changes leading from the parent's version to the head's (squash);
 - anything else a forge signs (an octopus merge, a root commit) is refused.
 
 Acceptance is per path, as for every other commit: a pull request that changes the
@@ -84,11 +87,18 @@ def signers_file(signers: bytes) -> Iterator[str]:
 @dataclass(frozen=True)
 class PrCommit:
     """A commit of a pull request: its id, the principal whose key signed it (None: no good
-    signature by an allowed key) and the paths it changes (merges: against the first parent)."""
+    signature by an allowed key) and the paths it changes (merges: against the first parent),
+    each with the object ids before and after the change (None: absent), and its parents."""
 
     sha: str
     signer: str | None
-    paths: frozenset[str]
+    made: dict[str, tuple[str | None, str | None]]
+    parents: tuple[str, ...] = ()
+
+    @property
+    def paths(self) -> frozenset[str]:
+        """The paths the commit changes."""
+        return frozenset(self.made)
 
 
 class ForgeJudge:
@@ -134,6 +144,8 @@ class ForgeJudge:
     def _merge(self, merge: str, base: str, head: str, paths: list[str], forge: str, signers: bytes) -> Verdict:
         own = self._differs(head, merge)
         commits = self._pr_commits(signers, head, "--not", base)
+        kept = [p for p in paths if p not in own]
+        content = self._objects([(c, p) for p in kept for c in (base, head)]) if commits is not None else {}
         verdict: Verdict = {}
         for path in paths:
             if path in own:
@@ -147,7 +159,7 @@ class ForgeJudge:
                     "which are not checked: not applied"
                 )
             else:
-                why = self._owners(path, commits)
+                why = self._owners(path, commits, content[(base, path)], content[(head, path)])
                 verdict[path] = None if why is None else f"merged by {forge}: {why}: not applied"
         return verdict
 
@@ -190,7 +202,7 @@ class ForgeJudge:
                 specific.add(path)
         # Squash: a head with the commit's content for the path, every pull-request commit changing it signed.
         if todo:
-            mine = self._objects([(commit, p) for p in todo])
+            mine = self._objects([(c, p) for p in todo for c in (commit, parent)])
             theirs = self._objects([(h, p) for h in heads for p in todo])
             for head in heads:
                 same = [p for p in sorted(todo) if theirs[(head, p)] == mine[(commit, p)]]
@@ -208,7 +220,7 @@ class ForgeJudge:
                     elif not any(path in k.paths for k in commits):
                         continue  # this pull request did not bring the change: not its content to vouch for
                     else:
-                        why = self._owners(path, commits)
+                        why = self._owners(path, commits, mine[(parent, path)], theirs[(head, path)])
                     if why is None:
                         verdict[path] = None
                         todo.discard(path)
@@ -248,7 +260,7 @@ class ForgeJudge:
             "--format=commit %H",
             *revs,
         )
-        out = git.run(self.repo, "patch-id", "--stable", input=log).decode()
+        out = git.run(self.repo, "patch-id", "--verbatim", input=log).decode()
         ids: dict[str, str] = {}
         for line in out.splitlines():
             pid, _, sha = line.partition(" ")
@@ -269,14 +281,36 @@ class ForgeJudge:
         return found
 
     # -- shared -----------------------------------------------------------------------------
-    def _owners(self, path: str, commits: list[PrCommit]) -> str | None:
-        """Why ``path``'s state at the pull-request head is not one its owners made (None: it is)."""
+    def _owners(self, path: str, commits: list[PrCommit], start: str | None, content: str | None) -> str | None:
+        """Why taking ``path`` from the version in force (object id ``start``, None: absent) to
+        the pull-request head's (``content``) is not a change its owners made (None: it is)."""
         touching = [k for k in commits if path in k.paths]
         if not touching:
             return f"no commit of the pull request changes {path}"
         for k in reversed(touching):  # oldest first: the first bad commit is reported
             if not may_change(path, k.signer, self.admins, self.forges):
                 return f"PR commit {k.sha[:12]} changes {path} but {self._unsigned(path, k.signer)}"
+        # Signed commits changing the path are not enough: a merge in the pull request is judged on
+        # its first-parent diff, so one keeping its first parent's (older) version over main's newer
+        # one shows no change, and a signed commit of another (squashed, open) pull request changes
+        # an old version. The owners' changes must lead from the version in force to the head's.
+        steps = [k.made[path] for k in touching]
+        # A signed merge in the pull request (the owner bringing main in) also changes the version
+        # of its other parents into its own: the owner signed that result too.
+        others = self._objects([(p, path) for k in touching for p in k.parents[1:]])
+        steps += [(others[(p, path)], k.made[path][1]) for k in touching for p in k.parents[1:]]
+        reached, todo = {start}, [start]
+        while todo:
+            here = todo.pop()
+            for before, after in steps:
+                if before == here and after not in reached:
+                    reached.add(after)
+                    todo.append(after)
+        if content not in reached:
+            return (
+                f"the signed commits of the pull request changing {path} do not lead from its version "
+                "in force to the head's (an older version brought back?)"
+            )
         return None
 
     def _unsigned(self, path: str, signer: str | None) -> str:
@@ -303,24 +337,27 @@ class ForgeJudge:
                 "--no-abbrev",
                 "-z",
                 "--diff-merges=first-parent",
-                "--format=%x01%H%x02%G?%x02%GS",
+                "--format=%x01%H%x02%P%x02%G?%x02%GS",
                 *revs,
             )
-        commits: list[tuple[str, str | None, set[str]]] = []
+        commits: list[tuple[str, str | None, dict[str, tuple[str | None, str | None]], tuple[str, ...]]] = []
         tokens = out.split(b"\0")
         i = 0
         while i < len(tokens):
             raw = tokens[i].lstrip(b"\n")
             if raw.startswith(b"\x01"):
-                sha, status, principal = raw[1:].decode(errors="replace").split("\x02")
-                commits.append((sha, (principal.strip() or None) if status == "G" else None, set()))
+                sha, parents, status, principal = raw[1:].decode(errors="replace").split("\x02", 3)
+                signer = (principal.strip() or None) if status == "G" else None
+                commits.append((sha, signer, {}, tuple(parents.split())))
             elif raw.startswith(b":") and i + 1 < len(tokens) and commits:
-                commits[-1][2].add(decode_path(tokens[i + 1]))
+                _old_mode, _new_mode, old, new, change = raw[1:].decode().split()
+                before = None if change == "A" else old
+                commits[-1][2][decode_path(tokens[i + 1])] = (before, None if change == "D" else new)
                 i += 1
             i += 1
         if len(commits) > MAX_PR_COMMITS:
             return None
-        return [PrCommit(sha, signer, frozenset(paths)) for sha, signer, paths in commits]
+        return [PrCommit(sha, signer, made, parents) for sha, signer, made, parents in commits]
 
     def _signers(self, signers: bytes, commits: list[str]) -> dict[str, str | None]:
         """commit -> the principal whose key signed it (None: no good signature by an allowed key)."""

@@ -4,8 +4,10 @@ mallory has her own folder (users/mallory/), her own signing key, and can open p
 push branches and pull-request refs and craft any commit; the forge (github) signs the merges,
 squashes and rebases she gets through. Each test is one attempt to change users/bob/ or
 cluster.yaml without bob's or an admin's signature (or to stop others' changes from
-deploying); the oracle is the verifier's TrustedTree. Attempts that currently succeed are
-``xfail(strict=True)`` with the reason: they pass (and must lose the mark) once fixed.
+deploying); the oracle is the verifier's TrustedTree. The attempts under "brought back" and
+"indentation" succeeded before the fix in reconciler/source/forge.py that came with this
+file; one that still succeeds is ``xfail(strict=True)`` with the reason (it passes, and must
+lose the mark, once fixed).
 """
 
 from __future__ import annotations
@@ -129,7 +131,7 @@ def test_bobs_signed_change_moved_to_another_file_is_refused(forge: Mallory, how
     assert files["cluster.yaml"] == "kind: Cluster"
 
 
-# -- attacks that succeed (xfail strict: remove the mark with the fix) ---------------------
+# -- old versions brought back, whitespace (succeeded before the fix), pull-ref eviction -----
 
 
 def _rollback_branch(forge: Mallory, path: str, witness_signer: str, main_version: str | None) -> str:
@@ -161,12 +163,6 @@ def _rollback_branch(forge: Mallory, path: str, witness_signer: str, main_versio
     return head
 
 
-ROLLBACK = (
-    "rolled back (or deleted) with an owner-signed witness: PR-side merges are judged on their first-parent diff only"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=ROLLBACK)
 @pytest.mark.parametrize("how", ["merge", "squash"])
 @pytest.mark.parametrize(
     ("path", "owner", "main_version"),
@@ -176,7 +172,7 @@ ROLLBACK = (
         ("users/bob/new.yaml", "bob", None),
     ],
 )
-def test_rollback_of_bobs_file_or_cluster_yaml_via_a_witness_commit(
+def test_rollback_of_bobs_file_or_cluster_yaml_via_a_witness_commit_is_refused(
     forge: Mallory, how: str, path: str, owner: str, main_version: str | None
 ) -> None:
     head = _rollback_branch(forge, path, owner, main_version)
@@ -185,28 +181,27 @@ def test_rollback_of_bobs_file_or_cluster_yaml_via_a_witness_commit(
     assert forge.blob("main", path) != before  # the forge's commit does change it
     files, rejected = forge.trusted()
     assert files.get(path) == before and files[M] == "m"
-    assert any(path in r for r in rejected)
+    assert len(rejected) == 1 and f": {path}: " in rejected[0]
+    assert "do not lead from its version in force to the head's" in rejected[0]
 
 
-@pytest.mark.xfail(strict=True, reason="squash replays bob's superseded version from his old squashed PR's ref")
-def test_squash_replays_an_old_version_bob_signed_in_a_squashed_pull_request(forge: Mallory) -> None:
+def test_squash_replaying_an_old_version_bob_signed_in_a_squashed_pull_request_is_refused(forge: Mallory) -> None:
     """bob's two pull requests are squashed (b2, then b3); their signed commits stay in their
     refs, not merged into main. mallory's squash setting b2 again finds bob's first pull request
-    with that content and bob's signature: b3 goes back to b2."""
+    with that content and bob's signature, but bob changed b1 to b2, not the b3 in force."""
     forge.squash(forge.pull_request(("bob", {B: "b2"})))
     forge.squash(forge.pull_request(("bob", {B: "b3"})))
     assert forge.trusted()[0][B] == "b3"
     forge.squash(forge.pull_request(("mallory", {M: "m", B: "b2"})))
-    files, _rejected = forge.trusted()
-    assert files[M] == "m"
-    assert files[B] == "b3"
+    files, rejected = forge.trusted()
+    assert files[M] == "m" and files[B] == "b3"
+    assert len(rejected) == 1 and f": {B}: " in rejected[0]
 
 
-@pytest.mark.xfail(strict=True, reason="git patch-id --stable ignores whitespace: YAML indentation is not compared")
 def test_rebase_matching_bobs_patch_with_other_indentation_is_refused(forge: Mallory) -> None:
     """bob's open pull request adds two keys under ``resources``; mallory's rebased commit adds
     the same lines with ``replicas`` dedented (another meaning in YAML). patch-id --stable
-    strips whitespace, so bob's commit is taken as the rebased commit's signed twin."""
+    strips whitespace (bob's commit was taken as the signed twin); --verbatim does not."""
     forge.pull_request(("bob", {B: "b1\nresources:\n  gpus: 1\n  replicas: 2\n"}))
     evil = forge.pull_request(("mallory", {B: "b1\nresources:\n  gpus: 1\nreplicas: 2\n"}))
     forge.rebase(evil)
@@ -227,3 +222,63 @@ def test_newer_pull_requests_do_not_undo_a_deployed_squash_after_a_restart(forge
         forge.pull_request(("mallory", {M: f"spam {i}"}))
     files, rejected = forge.trusted()  # forge.trusted() starts a new verifier: a restart
     assert files[A] == "a2" and rejected == []
+
+
+@pytest.mark.parametrize("how", ["merge", "squash"])
+def test_bobs_superseded_signed_commit_brought_back_through_a_crafted_merge_is_refused(
+    forge: Mallory, how: str
+) -> None:
+    """bob's first pull request (b2) was squashed, then his second (b3). mallory's branch holds
+    bob's original b2 commit (from the first pull request's ref) and merges main keeping b2: the
+    only commit whose first-parent diff changes b.yaml is bob's, but it changes b1, not b3."""
+    first = forge.pull_request(("bob", {B: "b2"}))
+    forge.squash(first)
+    forge.squash(forge.pull_request(("bob", {B: "b3"})))
+    forge.git("checkout", "-q", "-b", "evil", first)
+    forge.write(M, "m")
+    mine = forge.commit("my model", "mallory")
+    forge.git("merge", "-q", "--no-ff", "--no-commit", "-s", "ours", "main")
+    forge.git("read-tree", "-u", "--reset", mine)
+    head = forge.publish(forge.commit("Merge main", "mallory"))
+    forge.git("checkout", "-q", "main")
+    _land(forge, how, head)
+    assert forge.blob("main", B) == "b2"
+    files, rejected = forge.trusted()
+    assert files[B] == "b3" and files[M] == "m"
+    assert len(rejected) == 1 and "do not lead from its version in force to the head's" in rejected[0]
+
+
+@pytest.mark.parametrize("how", ["merge", "squash"])
+def test_alice_merging_main_into_her_own_pull_request_deploys(forge: Mallory, how: str) -> None:
+    """The honest case next to the attacks: alice brings main (with a newer signed version of her
+    file) into her pull request with her own signed merge."""
+    forge.write(A, "top\n\n\n\nbottom\n")
+    forge.commit("alice's file, several lines", "alice")
+    forge.pull_request(("alice", {A: "top, the branch's\n\n\n\nbottom\n"}))
+    forge.write(A, "top\n\n\n\nbottom, main's\n")
+    forge.commit("alice on main", "alice")
+    forge.git("checkout", "-q", "pr1")
+    forge.git("merge", "-q", "--no-ff", "-S", "-m", "Merge main", "main", signer="alice")
+    head = forge.publish(forge.git("rev-parse", "HEAD"))
+    forge.git("checkout", "-q", "main")
+    _land(forge, how, head)
+    files, rejected = forge.trusted()
+    assert files[A] == forge.blob(head, A) and rejected == []
+
+
+@pytest.mark.xfail(strict=True, reason="rebase twins are searched among the MAX_PULL_COMMITS newest PR commits only")
+def test_one_long_pull_request_does_not_stop_rebased_pull_requests_from_deploying(
+    forge: Mallory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mallory's one open pull request with MAX_PULL_COMMITS commits, newer than alice's (the
+    dates are hers to choose): the patch-id pass over the pull requests' commits sees only hers,
+    so alice's rebased, signed commits find no twin. The last one is still accepted by content
+    (the head's version), but the one before it is refused: only the end state survives."""
+    import reconciler.source.forge as forge_module
+
+    monkeypatch.setattr(forge_module, "MAX_PULL_COMMITS", 3)
+    alice = forge.pull_request(("alice", {A: "a2"}), ("alice", {A: "a3"}))
+    forge.pull_request(*(("mallory", {M: f"m{i}"}) for i in range(3)))
+    forge.rebase(alice)
+    files, rejected = forge.trusted()
+    assert files[A] == "a3" and rejected == []
