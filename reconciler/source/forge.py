@@ -19,7 +19,7 @@ change under ``users/<u>/`` signed by ``<u>`` or an admin, anything else by an a
   forge's pull-request refs (``--forge-pull-refs``) are searched: a path is accepted when a
   pull-request head ``H`` (one of the :data:`DEFAULT_PULL_LIMIT` newest not merged into the
   parent) has either a commit ``K`` (``H --not parent``) with the same patch
-  (``git patch-id --verbatim``: whitespace counts, as YAML indentation does) that verifies
+  (:func:`patch_ids`: ``git patch-id --stable``'s, but whitespace counts) that verifies
   for the path (rebase), or the same content for the path, with every commit of
   ``H --not merge-base(parent, H)`` that changes the path verifying for it, at least one
   changing it, and their changes leading from the parent's version to the head's (squash);
@@ -70,6 +70,27 @@ def may_change(path: str, signer: str | None, admins: Iterable[str], forges: Ite
         return True
     parts = path.split("/")
     return path.startswith("users/") and len(parts) > 2 and parts[1] == signer
+
+
+def patch_ids(log: bytes) -> dict[str, str]:
+    """commit -> the patch id of each commit of ``log`` (``git log -p --format="commit %H"``
+    output) that changes something. Like ``git patch-id --stable`` (line numbers, ``index``
+    lines and the order of the files do not count), but whitespace counts, as YAML indentation
+    does (``--stable`` strips it; ``--verbatim`` keeps it but needs git 2.39)."""
+    files: dict[str, list[bytes]] = {}  # commit -> the digest of each file's diff
+    commit: list[bytes] | None = None
+    diff: list[bytes] | None = None  # the lines of the file diff being read
+    for line in [*log.split(b"\n"), b"commit "]:  # a last header closes the last diff
+        if line.startswith((b"commit ", b"diff --git ")) and diff is not None and commit is not None:
+            commit.append(hashlib.sha256(b"\n".join(diff)).digest())
+            diff = None
+        if line.startswith(b"commit "):
+            commit = files.setdefault(line[7:].strip().decode(), [])
+        elif line.startswith(b"diff --git ") and commit is not None:
+            diff = [line]
+        elif diff is not None and line and not line.startswith(b"index "):
+            diff.append(b"@@" if line.startswith(b"@@") else line)  # content lines start with " ", "+" or "-"
+    return {c: hashlib.sha256(b"".join(sorted(d))).hexdigest() for c, d in files.items() if d}
 
 
 @contextmanager
@@ -246,26 +267,23 @@ class ForgeJudge:
         return list(dict.fromkeys(out.split()))
 
     def _patch_ids(self, *revs: str) -> dict[str, str]:
-        """commit -> ``git patch-id --stable`` of each non-merge commit of ``revs`` (at most
-        :data:`MAX_PULL_COMMITS`, newest first)."""
+        """commit -> patch id (:func:`patch_ids`) of each non-merge commit of ``revs`` (at most
+        :data:`MAX_PULL_COMMITS`, newest first) that changes something."""
         log = git.run(
             self.repo,
             "log",
             "--no-merges",
             f"--max-count={MAX_PULL_COMMITS}",
             "-p",
+            "--text",  # a `-diff` or `binary` attribute must not turn two changes into the same line
+            "--no-textconv",
             "--no-renames",
             "--no-color",
             "--no-ext-diff",
             "--format=commit %H",
             *revs,
         )
-        out = git.run(self.repo, "patch-id", "--verbatim", input=log).decode()
-        ids: dict[str, str] = {}
-        for line in out.splitlines():
-            pid, _, sha = line.partition(" ")
-            ids[sha.strip()] = pid
-        return ids
+        return patch_ids(log)
 
     def _objects(self, wanted: list[tuple[str, str]]) -> dict[tuple[str, str], str | None]:
         """(commit, path) -> the object id at that path (None: absent), in one ``cat-file --batch-check``.

@@ -282,3 +282,45 @@ def test_one_long_pull_request_does_not_stop_rebased_pull_requests_from_deployin
     forge.rebase(alice)
     files, rejected = forge.trusted()
     assert files[A] == "a3" and rejected == []
+
+
+def test_replace_refs_do_not_change_what_the_verifier_reads(forge: Mallory) -> None:
+    """A replace ref (``git replace``: pushed to a server that allows it) swapping main's head for
+    a commit of mallory's with bob's file changed: argus's git ignores refs/replace."""
+    head = forge.git("rev-parse", "main")
+    forge.git("checkout", "-q", "-b", "evil", "main")
+    forge.write(B, "mallory's")
+    evil = forge.commit("evil", "mallory")
+    forge.git("checkout", "-q", "main")
+    forge.git("replace", head, evil)
+    files, _rejected = forge.trusted()
+    assert files[B] == "b1"
+
+
+@pytest.mark.parametrize("attributes", ["*.yaml -diff\n", "*.yaml binary\n"])
+def test_gitattributes_in_the_checkout_do_not_make_patches_alike(forge: Mallory, attributes: str) -> None:
+    """mallory's ``.gitattributes`` lands in main's tree through a forge merge (refused for the
+    trusted tree, but checked out in a repository with a work tree, which is what git reads
+    attributes from). With ``*.yaml -diff`` every change to a YAML file is "Binary files ...
+    differ" in ``git log -p``, so all changes to one path would share a patch id: bob's open pull
+    request's signed draft would vouch for mallory's rebased content."""
+    forge.squash(forge.pull_request(("mallory", {".gitattributes": attributes, M: "m"})))
+    assert (forge.path / ".gitattributes").read_text() == attributes
+    forge.pull_request(("bob", {B: "bob's draft"}))
+    forge.rebase(forge.pull_request(("mallory", {B: "mallory's"})))
+    files, _rejected = forge.trusted()
+    assert files[B] == "b1" and ".gitattributes" not in files
+
+
+def test_a_rebase_onto_a_file_changed_above_the_patch_still_deploys(forge: Mallory) -> None:
+    """The honest case next to the indentation attack: patch ids ignore line numbers, so alice's
+    signed change rebased below lines added on main since is still her change."""
+    forge.write(A, "one\ntwo\nthree\nfour\nfive\n")
+    forge.commit("alice's file, several lines", "alice")
+    alice = forge.pull_request(("alice", {A: "one\ntwo\nthree\nfour\nfive, alice's\n"}))
+    forge.write(A, "zero\nzero again\none\ntwo\nthree\nfour\nfive\n")
+    forge.commit("alice on main", "alice")
+    forge.rebase(alice)
+    assert forge.blob("main", A) == "zero\nzero again\none\ntwo\nthree\nfour\nfive, alice's"
+    files, rejected = forge.trusted()
+    assert files[A] == forge.blob("main", A) and rejected == []
