@@ -20,7 +20,7 @@ change under ``users/<u>/`` signed by ``<u>`` or an admin, anything else by an a
   pull-request head ``H`` (one of the :data:`DEFAULT_PULL_LIMIT` newest not merged into the
   parent) has either a commit ``K`` (``H --not parent``) with the same patch
   (:func:`patch_ids`: ``git patch-id --stable``'s, but whitespace counts) that verifies
-  for the path (rebase), or the same content for the path, with every commit of
+  for the path, applied to the version in force (rebase), or the same content for the path, with every commit of
   ``H --not merge-base(parent, H)`` that changes the path verifying for it, at least one
   changing it, and their changes leading from the parent's version to the head's (squash);
 - anything else a forge signs (an octopus merge, a root commit) is refused.
@@ -140,9 +140,20 @@ class ForgeJudge:
         self.pull_limit = pull_limit
         self._cache: OrderedDict[tuple[str, str], Verdict] = OrderedDict()
 
-    def judge(self, commit: str, parents: list[str], paths: list[str], forge: str, signers: bytes) -> Verdict:
+    def judge(
+        self,
+        commit: str,
+        parents: list[str],
+        paths: list[str],
+        forge: str,
+        signers: bytes,
+        in_force: dict[str, str | None] | None = None,
+    ) -> Verdict:
         """path -> None (accepted) or why the change of ``path`` by ``commit`` (signed by the
-        forge principal ``forge``) is refused. Raises GitError when git fails."""
+        forge principal ``forge``) is refused. ``in_force``: path -> the object id of the trusted
+        version before ``commit`` (None: absent; the verdict of a commit is cached, and its
+        trusted history is the same each time); without it, the parent's. Raises GitError when
+        git fails."""
         key = (commit, hashlib.sha256(signers).hexdigest())  # a key added to the file may change the verdict
         cached = self._cache.get(key)
         if cached is not None and set(cached) >= set(paths):
@@ -151,7 +162,7 @@ class ForgeJudge:
         if len(parents) == 2:
             verdict = self._merge(commit, parents[0], parents[1], paths, forge, signers)
         elif len(parents) == 1:
-            verdict = self._rewritten(commit, parents[0], paths, forge, signers)
+            verdict = self._rewritten(commit, parents[0], paths, forge, signers, in_force)
         else:
             what = "an octopus merge" if parents else "a root commit"
             why = f"signed by {forge}, a forge, but {what}: nothing of it was signed by its owners: not applied"
@@ -185,7 +196,15 @@ class ForgeJudge:
         return verdict
 
     # -- squash and rebase ------------------------------------------------------------------
-    def _rewritten(self, commit: str, parent: str, paths: list[str], forge: str, signers: bytes) -> Verdict:
+    def _rewritten(
+        self,
+        commit: str,
+        parent: str,
+        paths: list[str],
+        forge: str,
+        signers: bytes,
+        in_force: dict[str, str | None] | None,
+    ) -> Verdict:
         """A forge commit with one parent: each path is accepted when a pull-request head holds the
         owners' signed version of the change (same patch: rebase; same content: squash).
 
@@ -212,9 +231,19 @@ class ForgeJudge:
         patch = self._patch_ids(commit, "--not", parent).get(commit)
         twins = [k for k, pid in self._patch_ids(*heads, "--not", parent).items() if pid == patch and k != commit]
         signer_of = self._signers(signers, twins) if patch is not None and twins else {}
+        # The same patch vouches for the change, not for the rest of the file it lands in: the commit's
+        # whole new version deploys, so the version it was applied to must be the one in force (not
+        # a refused change's, whose lines the owner's patch would carry along).
+        before = self._objects([(parent, p) for p in todo]) if twins and in_force is not None else {}
         for path in sorted(todo):
             signed = [k for k in twins if may_change(path, signer_of.get(k), self.admins, self.forges)]
-            if signed:
+            if signed and in_force is not None and before[(parent, path)] != in_force.get(path):
+                verdict[path] = (
+                    f"rebased by {forge} from PR commit {signed[0][:12]}, but onto a version of {path} that "
+                    "is not the one in force (a refused change before it): not applied"
+                )
+                specific.add(path)
+            elif signed:
                 verdict[path] = None
                 todo.discard(path)
             elif twins:

@@ -299,7 +299,9 @@ class SignatureVerifier:
             tree.signers[commit] = signer
         forged: dict[str, str | None] = {}
         if signer is not None and signer in self.policy.forge_signers:
-            forged = self.forge.judge(commit, parents, [p for p, _e in changes], signer, signers)
+            paths = [p for p, _e in changes]
+            in_force = {p: e[1] if (e := tree.entries.get(p)) else None for p in paths}
+            forged = self.forge.judge(commit, parents, paths, signer, signers, in_force)
         added: list[str] = []
         for path, entry in changes:
             why = forged[path] if path in forged else self._refuse(path, signer)

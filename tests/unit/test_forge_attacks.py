@@ -324,3 +324,21 @@ def test_a_rebase_onto_a_file_changed_above_the_patch_still_deploys(forge: Mallo
     assert forge.blob("main", A) == "zero\nzero again\none\ntwo\nthree\nfour\nfive, alice's"
     files, rejected = forge.trusted()
     assert files[A] == forge.blob("main", A) and rejected == []
+
+
+@pytest.mark.parametrize("how", ["rebase", "squash"])
+def test_a_signed_patch_replayed_on_a_version_never_in_force_does_not_carry_it(forge: Mallory, how: str) -> None:
+    """mallory pushes her own line into bob's file on main (refused: the trusted file stays bob's,
+    but git's has her line). bob's open pull request, made before, appends a line; mallory's
+    pull request appends the same line to git's version: the same patch (line numbers do not
+    count), so the forge's commit is bob's change, but its whole content, her line included,
+    must not become the version in force."""
+    forge.write(B, "l1\nl2\nl3\n")
+    forge.commit("bob's file", "bob")
+    forge.pull_request(("bob", {B: "l1\nl2\nl3\nl4\n"}))
+    forge.write(B, "evil: mallory's\nl1\nl2\nl3\n")
+    forge.commit("pushed to main, refused", "mallory")
+    assert forge.trusted()[0][B] == "l1\nl2\nl3"
+    _land(forge, how, forge.pull_request(("mallory", {B: "evil: mallory's\nl1\nl2\nl3\nl4\n"})))
+    files, _rejected = forge.trusted()
+    assert "evil" not in files[B]
