@@ -32,6 +32,8 @@ Every walk is bounded (:data:`MAX_PR_COMMITS` commits per pull request,
 :data:`MAX_PULL_COMMITS` compared by patch, ``pull_limit`` refs); a squash or rebase commit costs
 a constant number of git runs for all heads (plus the heads that match), and the verdicts are
 cached per commit (and allowed-signers content) in a bounded cache (:data:`CACHE_SIZE`).
+Signatures of pull-request commits (an ssh-keygen run each) are checked only for commits that
+change a path being judged, each once per allowed-signers content (:data:`SIGNER_CACHE`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ MAX_PR_COMMITS = 1000  # commits of one pull request looked at; past it, its cha
 MAX_PULL_COMMITS = 5000  # commits of all open pull requests compared by patch with a rebased commit
 DEFAULT_PULL_LIMIT = 200  # pull-request refs considered for a squash or rebase, newest first
 CACHE_SIZE = 256  # forge commits whose verdicts are kept
+SIGNER_CACHE = 20000  # pull-request commits whose signers are kept
 
 Verdict = dict[str, str | None]  # path -> why it is refused (None: accepted)
 
@@ -139,6 +142,7 @@ class ForgeJudge:
         self.pull_refs = pull_refs
         self.pull_limit = pull_limit
         self._cache: OrderedDict[tuple[str, str], Verdict] = OrderedDict()
+        self._signed: OrderedDict[tuple[str, str], str | None] = OrderedDict()  # (commit, signers) -> signer
 
     def judge(
         self,
@@ -175,7 +179,7 @@ class ForgeJudge:
     # -- merge commits ----------------------------------------------------------------------
     def _merge(self, merge: str, base: str, head: str, paths: list[str], forge: str, signers: bytes) -> Verdict:
         own = self._differs(head, merge)
-        commits = self._pr_commits(signers, head, "--not", base)
+        commits = self._pr_commits(signers, paths, head, "--not", base)
         kept = [p for p in paths if p not in own]
         content = self._objects([(c, p) for p in kept for c in (base, head)]) if commits is not None else {}
         verdict: Verdict = {}
@@ -262,7 +266,7 @@ class ForgeJudge:
                 if not same:
                     continue
                 fork = git.text(self.repo, "merge-base", parent, head, check=False)
-                commits = self._pr_commits(signers, head, *(["--not", fork] if fork else []))
+                commits = self._pr_commits(signers, same, head, *(["--not", fork] if fork else []))
                 for path in same:
                     why: str | None
                     if commits is None:
@@ -369,42 +373,57 @@ class ForgeJudge:
         out = git.run(self.repo, "diff-tree", "-r", "-z", "--no-renames", "--name-only", a, b)
         return {decode_path(p) for p in out.split(b"\0") if p}
 
-    def _pr_commits(self, signers: bytes, *revs: str) -> list[PrCommit] | None:
-        """The commits of ``revs`` (newest first) with their signers and changed paths; None when
-        there are more than :data:`MAX_PR_COMMITS`."""
-        with signers_file(signers) as path:
-            out = git.run(
-                self.repo,
-                "-c",
-                f"gpg.ssh.allowedSignersFile={path}",
-                "log",
-                f"--max-count={MAX_PR_COMMITS + 1}",
-                "--raw",
-                "--no-renames",
-                "--no-abbrev",
-                "-z",
-                "--diff-merges=first-parent",
-                "--format=%x01%H%x02%P%x02%G?%x02%GS",
-                *revs,
-            )
-        commits: list[tuple[str, str | None, dict[str, tuple[str | None, str | None]], tuple[str, ...]]] = []
+    def _pr_commits(self, signers: bytes, paths: Iterable[str], *revs: str) -> list[PrCommit] | None:
+        """The commits of ``revs`` (newest first) with their changed paths and, for those that
+        change one of ``paths``, their signers (the others': None); None when there are more than
+        :data:`MAX_PR_COMMITS`.
+
+        Signatures (one ssh-keygen run each) are checked only where they matter, and each commit's
+        once per allowed-signers content (:data:`SIGNER_CACHE`): pull requests sharing one long
+        chain of signed commits would otherwise cost a check of every commit for every head."""
+        out = git.run(
+            self.repo,
+            "log",
+            f"--max-count={MAX_PR_COMMITS + 1}",
+            "--raw",
+            "--no-renames",
+            "--no-abbrev",
+            "-z",
+            "--diff-merges=first-parent",
+            "--format=%x01%H%x02%P",
+            *revs,
+        )
+        commits: list[tuple[str, dict[str, tuple[str | None, str | None]], tuple[str, ...]]] = []
         tokens = out.split(b"\0")
         i = 0
         while i < len(tokens):
             raw = tokens[i].lstrip(b"\n")
             if raw.startswith(b"\x01"):
-                sha, parents, status, principal = raw[1:].decode(errors="replace").split("\x02", 3)
-                signer = (principal.strip() or None) if status == "G" else None
-                commits.append((sha, signer, {}, tuple(parents.split())))
+                sha, _, parents = raw[1:].decode(errors="replace").partition("\x02")
+                commits.append((sha, {}, tuple(parents.split())))
             elif raw.startswith(b":") and i + 1 < len(tokens) and commits:
                 _old_mode, _new_mode, old, new, change = raw[1:].decode().split()
                 before = None if change == "A" else old
-                commits[-1][2][decode_path(tokens[i + 1])] = (before, None if change == "D" else new)
+                commits[-1][1][decode_path(tokens[i + 1])] = (before, None if change == "D" else new)
                 i += 1
             i += 1
         if len(commits) > MAX_PR_COMMITS:
             return None
-        return [PrCommit(sha, signer, made, parents) for sha, signer, made, parents in commits]
+        wanted = set(paths)
+        key = hashlib.sha256(signers).hexdigest()
+        checked = [sha for sha, made, _p in commits if wanted & set(made)]
+        unknown = [sha for sha in checked if (sha, key) not in self._signed]
+        if unknown:
+            for sha, signer in self._signers(signers, unknown).items():
+                self._signed[(sha, key)] = signer
+        signer_of: dict[str, str | None] = {}
+        for sha in checked:
+            signer_of[sha] = self._signed.get((sha, key))
+            if (sha, key) in self._signed:
+                self._signed.move_to_end((sha, key))
+        while len(self._signed) > SIGNER_CACHE:
+            self._signed.popitem(last=False)
+        return [PrCommit(sha, signer_of.get(sha), made, parents) for sha, made, parents in commits]
 
     def _signers(self, signers: bytes, commits: list[str]) -> dict[str, str | None]:
         """commit -> the principal whose key signed it (None: no good signature by an allowed key)."""

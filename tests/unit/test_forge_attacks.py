@@ -12,6 +12,8 @@ lose the mark, once fixed).
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -342,3 +344,39 @@ def test_a_signed_patch_replayed_on_a_version_never_in_force_does_not_carry_it(f
     _land(forge, how, forge.pull_request(("mallory", {B: "evil: mallory's\nl1\nl2\nl3\nl4\n"})))
     files, _rejected = forge.trusted()
     assert "evil" not in files[B]
+
+
+def test_many_heads_sharing_one_long_signed_chain_do_not_multiply_signature_checks(
+    forge: Mallory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mallory's pull requests share one chain of signed commits, each with its own tip setting
+    alice's file to alice's squashed content unsigned (so each head matches by content and is
+    refused, and the next one is tried). Every matching head ran ``git log`` over its whole
+    pull request with signature checks (one ssh-keygen per signed commit): pull_limit x
+    MAX_PR_COMMITS verifications per squash commit (200 x 1000 by default, minutes), again on
+    every verification from the trust start (152 here). Now only commits changing the path are
+    checked, each once. Counted with a real ssh-keygen behind a shim."""
+    chain, heads = 12, 6
+    alice = forge.pull_request(("alice", {A: "a1.5"}), ("alice", {A: "a2"}))  # no one patch: a squash
+    forge.git("checkout", "-q", "-b", "spam", "main")
+    for i in range(chain):
+        forge.write(M, f"m{i}")
+        forge.commit(f"spam {i}", "mallory")
+    for i in range(heads):
+        forge.git("checkout", "-q", "-b", f"tip{i}", "spam")
+        forge.write(A, "a2")
+        forge.write("users/mallory/tip", str(i))
+        forge.publish(forge.commit(f"tip {i}"))
+    forge.git("checkout", "-q", "main")
+    forge.squash(alice)
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    calls = tmp_path / "calls"
+    real = subprocess.run(["which", "ssh-keygen"], capture_output=True, text=True, check=True).stdout.strip()
+    (shim / "ssh-keygen").write_text(f'#!/bin/sh\necho >> "{calls}"\nexec {real} "$@"\n')
+    (shim / "ssh-keygen").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}:{os.environ['PATH']}")
+    files, rejected = forge.trusted()
+    assert files[A] == "a2" and rejected == []
+    verifications = len(calls.read_text().splitlines()) if calls.exists() else 0
+    assert verifications <= chain + heads + 10, verifications
