@@ -380,3 +380,18 @@ def test_many_heads_sharing_one_long_signed_chain_do_not_multiply_signature_chec
     assert files[A] == "a2" and rejected == []
     verifications = len(calls.read_text().splitlines()) if calls.exists() else 0
     assert verifications <= chain + heads + 10, verifications
+
+
+@pytest.mark.parametrize("how", ["merge", "squash"])
+def test_bobs_open_draft_carried_in_mallorys_pull_request_deploys_as_documented(forge: Mallory, how: str) -> None:
+    """The documented limit (security model, "What it does not cover"): a commit bob signed is
+    bob's change wherever it comes from. mallory's pull request that carries bob's open draft
+    (signed, changing the version in force) deploys it; reviews on the forge are what stop it."""
+    draft = forge.pull_request(("bob", {B: "bob's draft, under review"}))
+    forge.git("checkout", "-q", "-b", "evil", draft)
+    forge.write(M, "m")
+    head = forge.publish(forge.commit("my model, on top of bob's draft", "mallory"))
+    forge.git("checkout", "-q", "main")
+    _land(forge, how, head)
+    files, rejected = forge.trusted()
+    assert files[B] == "bob's draft, under review" and files[M] == "m" and rejected == []
