@@ -40,6 +40,7 @@ IMAGE = Path(__file__).resolve().parents[2] / "images" / "git-server"
 SSHD = "/usr/sbin/sshd"
 GIT_ENV = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
 ALLOWED = "allowed: status [USER[/KIND[/NAME]]], logs USER/tasks/NAME"
+REQUEST_S = 5  # argus-shell's bound on one request (a log read: twice that)
 
 
 def require_sshd() -> None:
@@ -84,6 +85,8 @@ class LiveLog:
         def handle(method: str, path: str, query: Mapping[str, list[str]]) -> Response | None:
             if path == "/api/v1/logs/alice/tasks/live" and query.get("follow") == ["1"]:
                 return Response(200, "text/plain; charset=utf-8", self.chunks())
+            if path == "/api/v1/logs/alice/tasks/endless":  # a read that never ends (a stuck daemon)
+                return Response(200, "text/plain; charset=utf-8", LiveLog().chunks())
             return inner(method, path, query)
 
         return handle
@@ -252,9 +255,11 @@ def server() -> Iterator[Server]:
         (root / "sshd_config").write_text(sshd_config(root, port, account))
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation folder (the image has it)
         host, web_port = web.server_address
+        # The entrypoint's variable, and a shorter request bound than the image's 60 s for the test of it.
+        session_env = f"ARGUS_SERVER=http://{host}:{web_port} ARGUS_SHELL_REQUEST_S={REQUEST_S}"
         # As the image's entrypoint starts it: in the foreground, the daemon's address handed to sessions.
         sshd = subprocess.Popen(
-            [SSHD, "-D", "-e", "-f", str(root / "sshd_config"), "-o", f"SetEnv=ARGUS_SERVER=http://{host}:{web_port}"],
+            [SSHD, "-D", "-e", "-f", str(root / "sshd_config"), "-o", f"SetEnv={session_env}"],
             stdout=open(root / "sshd.log", "wb"),  # noqa: SIM115 - closed with the process
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -412,3 +417,12 @@ def test_a_followed_log_streams_and_ends_when_the_client_leaves(server: Server) 
         client.wait()
     # argus-shell notices within a second or two and leaves, which ends the daemon's stream.
     assert server.live.closed.wait(15), "the daemon kept streaming to a client that had left"
+
+
+def test_a_log_read_that_does_not_end_is_cut_off(server: Server) -> None:
+    started = time.monotonic()
+    proc = server.ssh("alice", "logs", "alice/tasks/endless")
+    took = time.monotonic() - started
+    assert proc.returncode == 0 and proc.stdout.startswith("line 0\nline 1\n"), proc
+    assert proc.stdout.endswith(f"[argus: stopped after {2 * REQUEST_S} s; run the command again to go on]\n")
+    assert 2 * REQUEST_S <= took < 2 * REQUEST_S + 10, took
