@@ -71,6 +71,7 @@ class LiveLog:
 
     started: threading.Event = field(default_factory=threading.Event)
     closed: threading.Event = field(default_factory=threading.Event)
+    quiet_closed: threading.Event = field(default_factory=threading.Event)
 
     def chunks(self) -> Iterator[bytes]:
         try:
@@ -81,10 +82,23 @@ class LiveLog:
         finally:
             self.closed.set()
 
+    def quiet(self) -> Iterator[bytes]:
+        """One line, then nothing for a minute but the daemon's heartbeats (empty chunks: the server
+        checks its client at each), as a follow of a run that prints nothing does."""
+        try:
+            yield b"waiting\n"
+            for _ in range(600):
+                yield b""
+                time.sleep(0.1)
+        finally:
+            self.quiet_closed.set()
+
     def pages(self, inner: PageHandler) -> PageHandler:
         def handle(method: str, path: str, query: Mapping[str, list[str]]) -> Response | None:
             if path == "/api/v1/logs/alice/tasks/live" and query.get("follow") == ["1"]:
                 return Response(200, "text/plain; charset=utf-8", self.chunks())
+            if path == "/api/v1/logs/alice/tasks/quiet" and query.get("follow") == ["1"]:
+                return Response(200, "text/plain; charset=utf-8", self.quiet())
             if path == "/api/v1/logs/alice/tasks/endless":  # a read that never ends (a stuck daemon)
                 return Response(200, "text/plain; charset=utf-8", LiveLog().chunks())
             return inner(method, path, query)
@@ -426,3 +440,23 @@ def test_a_log_read_that_does_not_end_is_cut_off(server: Server) -> None:
     assert proc.returncode == 0 and proc.stdout.startswith("line 0\nline 1\n"), proc
     assert proc.stdout.endswith(f"[argus: stopped after {2 * REQUEST_S} s; run the command again to go on]\n")
     assert 2 * REQUEST_S <= took < 2 * REQUEST_S + 10, took
+
+
+def test_a_quiet_follow_ends_when_the_client_leaves(server: Server) -> None:
+    """Nothing is written while the run prints nothing: argus-shell watches its client itself."""
+    login = [*server.ssh_options("alice"), "-p", str(server.port), f"{server.account}@127.0.0.1"]
+    client = subprocess.Popen(
+        ["ssh", *login, "logs", "alice/tasks/quiet", "--follow"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        assert client.stdout is not None
+        assert client.stdout.readline() == b"waiting\n"
+        time.sleep(1)
+        assert not server.live.quiet_closed.is_set()
+    finally:
+        client.kill()
+        client.wait()
+    assert server.live.quiet_closed.wait(15), "the daemon kept a follower for a client that had left"
