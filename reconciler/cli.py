@@ -520,10 +520,25 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from reconciler.logs.client import log_url, stream_logs
+    from reconciler.logs import client
 
-    url = log_url(args.server, args.target, run=args.run, follow=args.follow)
-    stream_logs(url, sys.stdout.buffer, timeout=3600.0 if args.follow else 60.0)
+    server = args.server
+    if not server:
+        # No web address given: the clone's push remote, when it is the bundled git server, answers
+        # `ssh git@HOST logs ...` with the key the user pushes with (the compose install).
+        url = client.push_url(args.repo, args.remote)
+        remote = client.ssh_remote(url) if url else None
+        if remote is not None:
+            argv = client.ssh_argv(client.ssh_command(args.repo), remote, args.target, run=args.run, follow=args.follow)
+            return client.ssh_logs(argv, sys.stdout.buffer, sys.stderr.buffer)
+        if args.remote:
+            raise ArgusError(
+                f"remote {args.remote!r} ({url}) is not the argus git server's ssh://git@HOST[:PORT]/... or "
+                "git@HOST:...: pass --server, the daemon's web address"
+            )
+        server = client.DEFAULT_SERVER
+    url = client.log_url(server, args.target, run=args.run, follow=args.follow)
+    client.stream_logs(url, sys.stdout.buffer, timeout=3600.0 if args.follow else 60.0)
     return 0
 
 
@@ -821,7 +836,10 @@ def build_parser() -> argparse.ArgumentParser:
     lg = sub.add_parser(
         "logs",
         help="print a task run's output (--follow: live) or a model's Serve messages, through the daemon",
-        description="Read logs through the daemon's HTTP API, so users need no access to the Ray dashboard. "
+        description="Read logs through the daemon, so users need no access to the Ray dashboard: over SSH "
+        "from the git server you push to (`ssh git@HOST logs ...`, your own objects only) when this clone's "
+        "push remote is the argus git server's (ssh://git@HOST:PORT/... or git@HOST:...) and no --server is "
+        "given, else from the daemon's HTTP API at --server. "
         "A task's current run (or --run ID, a submission id from `argus status`) prints its output; "
         "--follow keeps printing while the run goes on. A model prints its Serve application, deployment "
         "and replica messages. Secrets are redacted.",
@@ -831,9 +849,16 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--follow", "-f", action="store_true", help="keep printing a running task's output")
     lg.add_argument(
         "--server",
-        default=_env("SERVER", "http://127.0.0.1:8080"),
-        help="the daemon's web address (`argus run --listen`, or --web-listen when set) "
-        "(default: http://127.0.0.1:8080) [ARGUS_SERVER]",
+        default=_env("SERVER"),
+        help="the daemon's web address (`argus run --web-listen`, else its --listen) (default: the push "
+        "remote's git server over SSH, else http://127.0.0.1:8081, the compose install's) [ARGUS_SERVER]",
+    )
+    lg.add_argument("--repo", default=".", help="the clone whose push remote is used without --server (default: .)")
+    lg.add_argument(
+        "--remote",
+        metavar="NAME",
+        help="that remote instead of the current branch's push remote (pushRemote, remote.pushDefault, "
+        "its upstream, origin, the only remote)",
     )
     _raw_arg(lg)
     lg.set_defaults(func=cmd_logs)

@@ -1,7 +1,8 @@
 """The compose stack users deploy, built and run for real: Debian's docker.io and docker-compose 1.29, a
 private dockerd, Debian bases made with debootstrap, the three images built (the CPU variant of the Ray node),
 and the CPU profile up on free ports. Everything after that goes through the interfaces users have: git and
-sftp over SSH to the containers, the OpenAI endpoint, the status branch, the status page, ``argus logs``;
+sftp over SSH to the containers, the OpenAI endpoint, the status branch, the status page, ``argus logs``, the
+git server's read-only commands over the key users push with (``ssh git@... status|logs|plan``);
 and what a hostile job does with the Ray token it holds: run code on the head, where it finds nothing of the
 daemon's (:mod:`reconciler.testing.boundary_probe`).
 
@@ -298,6 +299,52 @@ def test_task_runs_on_a_worker_and_reads_the_upload(env: Env) -> None:
     assert ran_on in ("worker-1", "worker-2"), f"the driver ran on {ran_on}, not on a worker"
     checkpoints = list((env.tmp / "private" / "users" / "alice" / "jobs" / "read-data").rglob("size.txt"))
     assert checkpoints and checkpoints[0].read_text().strip() == "26"
+
+
+def git_ssh(env: Env, user: str, *command: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``ssh -p PORT git@127.0.0.1 COMMAND...`` with ``user``'s key: the git server's argus commands."""
+    login = [*env.stack.ssh_command(user).split(), "-p", str(env.stack.ports["ARGUS_GIT_SSH_PORT"])]
+    return subprocess.run(
+        [*login, "git@127.0.0.1", *command], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+
+
+def test_users_read_status_and_logs_over_the_git_servers_ssh(env: Env) -> None:
+    """The key alice pushes with reads status and her own logs from the git server (no host account, no
+    tunnel); bob's key cannot read hers; nothing but the argus commands and git runs."""
+    status = git_ssh(env, "alice", "status")
+    assert status.returncode == 0, status.stderr
+    rows = {line.split()[0]: line.split()[1] for line in status.stdout.splitlines()[1:] if not line.startswith(" ")}
+    assert rows.get("alice/tasks/read-data") == "SUCCEEDED", status.stdout
+    assert "alice/tasks/read-data" in git_ssh(env, "bob", "status", "alice/tasks/read-data").stdout
+    for follow in ([], ["--follow"]):  # a finished run: its output, then the command ends
+        own = git_ssh(env, "alice", "logs", "alice/tasks/read-data", *follow)
+        assert own.returncode == 0, (follow, own.stderr)
+        assert "hello from alice's upload" in own.stdout and "checkpoint-written" in own.stdout, own.stdout
+    # `argus logs` in her clone, with no --server: over SSH to the git server it pushes to, by itself.
+    cli_env = {**os.environ, **GIT_ENV, "PYTHONPATH": str(ROOT), "GIT_SSH_COMMAND": env.stack.ssh_command("alice")}
+    cli_env.pop("ARGUS_SERVER", None)
+    out = subprocess.run(
+        [sys.executable, "-m", "reconciler.cli", "logs", "alice/tasks/read-data"],
+        cwd=env.alice.root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env,
+    )
+    assert out.returncode == 0 and "checkpoint-written" in out.stdout, out.stderr
+    refused = git_ssh(env, "bob", "logs", "alice/tasks/read-data")
+    assert refused.returncode == 1 and "you may read only your own logs" in refused.stderr, refused
+    assert "hello from alice" not in refused.stdout
+    for command in (["ls"], ["logs alice/tasks/read-data; id"], ["sh", "-c", "id"]):
+        other = git_ssh(env, "alice", *command)
+        assert other.returncode == 1 and "not an argus command" in other.stderr, (command, other)
+        assert "uid=" not in other.stdout + other.stderr and "hello" not in other.stdout
+    plan = git_ssh(env, "alice", "plan")
+    assert plan.returncode == 0 and "last applied:" in plan.stdout, plan.stderr
+    # Pushing still works with the same key (a branch the daemon does not read; later steps push to main).
+    pushed = env.alice.push("HEAD:refs/heads/alice-ssh-check")
+    assert pushed.returncode == 0, pushed.stderr
 
 
 def probe_lines(output: str) -> dict[str, Any]:

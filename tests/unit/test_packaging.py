@@ -169,16 +169,25 @@ def test_the_daemon_has_a_user_of_its_own() -> None:
 
 
 def test_git_server_authorizes_every_key_file_restricted(tmp_path: Path) -> None:
+    """Each key of a valid user name's file, restricted, with argus-shell naming its owner as the forced command."""
     keys = tmp_path / "keys"
     keys.mkdir()
     (keys / "alice.pub").write_text("ssh-ed25519 AAAAC3Nza alice@laptop\n\n# old key\n")
     (keys / "bob.pub").write_text("ssh-ed25519 AAAAC3Nzb bob")  # no final newline
     (keys / "notes.txt").write_text("ssh-ed25519 AAAAC3Nzc ignored\n")
+    for bad in ("Eve.pub", 'x"y.pub', "1x.pub", "a b.pub", "-x.pub", f"{'a' * 32}.pub"):  # no user names
+        (keys / bad).write_text("ssh-ed25519 AAAAC3Nzd bad\n")
     script = str(GIT_SERVER / "authorized-keys")
     env = {**os.environ, "ARGUS_KEYS_DIR": str(keys)}
     out = subprocess.run(["sh", script, "git"], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.splitlines() == ["restrict ssh-ed25519 AAAAC3Nza alice@laptop", "restrict ssh-ed25519 AAAAC3Nzb bob"]
+    assert out.splitlines() == [
+        'restrict,command="/usr/local/bin/argus-shell alice" ssh-ed25519 AAAAC3Nza alice@laptop',
+        'restrict,command="/usr/local/bin/argus-shell bob" ssh-ed25519 AAAAC3Nzb bob',
+    ]
     assert subprocess.run(["sh", script, "root"], env=env, capture_output=True, text=True).stdout == ""
+    # A shell path that could leave the quotes is refused whole.
+    quoted = subprocess.run(["sh", script, "git", str(keys), '/x" y'], capture_output=True, text=True)
+    assert quoted.returncode == 0 and quoted.stdout == ""
 
 
 def test_git_server_ssh_is_keys_only() -> None:
@@ -189,7 +198,10 @@ def test_git_server_ssh_is_keys_only() -> None:
     )
     assert conf["PasswordAuthentication"] == "no" and conf["PermitRootLogin"] == "no"
     assert conf["AllowUsers"] == "git" and conf["DisableForwarding"] == "yes"
-    assert "--shell /usr/bin/git-shell git" in (GIT_SERVER / "Dockerfile").read_text()
+    assert conf["AuthorizedKeysCommand"] == "/usr/local/bin/authorized-keys %u"
+    # No shell for any key: the account's login shell is argus-shell (push and fetch through git-shell).
+    dockerfile = (GIT_SERVER / "Dockerfile").read_text()
+    assert "--shell /usr/local/bin/argus-shell git" in dockerfile and "images/git-server/argus-shell" in dockerfile
 
 
 # --- docker-compose.yaml ----------------------------------------------------------------------------
