@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -409,6 +410,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 pages=None if args.web_listen else pages,
                 max_body=args.webhook_max_bytes,
                 user_header=None if args.web_listen else args.web_user_header,
+                user_header_from=() if args.web_listen else args.web_user_header_from,
             )
         )
         if args.web_listen:
@@ -421,6 +423,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                     health=daemon.health,
                     pages=pages,
                     user_header=args.web_user_header,
+                    user_header_from=args.web_user_header_from,
                 )
             )
     except (OSError, ValueError) as exc:
@@ -781,7 +784,16 @@ def build_parser() -> argparse.ArgumentParser:
         "authenticated (e.g. X-Forwarded-User): log reads and followers are then counted per user, not per "
         "client address, and a user following her own task's log is never locked out by others. Set it "
         "only where every request to the pages passes that proxy: a client reaching the daemon directly "
-        "could name any user [ARGUS_WEB_USER_HEADER]",
+        "could name any user, unless --web-user-header-from names the proxy [ARGUS_WEB_USER_HEADER]",
+    )
+    d.add_argument(
+        "--web-user-header-from",
+        type=_host_list,
+        default=_host_list(_env("WEB_USER_HEADER_FROM") or ""),
+        metavar="HOST[,HOST]",
+        help="believe --web-user-header only in requests from these hosts (names resolved every 30 s, or "
+        "addresses): in compose, the git server, whose `ssh git@HOST logs` names the key's owner; any other "
+        "client's requests count per client address [ARGUS_WEB_USER_HEADER_FROM]",
     )
     d.add_argument(
         "--webhook-max-bytes",
@@ -1010,6 +1022,15 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
     return value
+
+
+def _host_list(text: str) -> tuple[str, ...]:
+    """Comma-separated host names or addresses. Raises ArgumentTypeError on anything else."""
+    hosts = tuple(h.strip() for h in text.split(",") if h.strip())
+    for host in hosts:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.:-]{0,252}", host):
+            raise argparse.ArgumentTypeError(f"{host!r} is not a host name or address")
+    return hosts
 
 
 def _raw_arg(p: argparse.ArgumentParser) -> None:

@@ -223,6 +223,7 @@ class HttpServer:
         body_budget: int = 16 * 1024 * 1024,
         page_threads: int = 8,
         user_header: str | None = None,
+        user_header_from: Iterable[str] = (),
     ) -> None:
         self.metrics, self.health, self.on_push, self.secret, self.pages = metrics, health, on_push, secret, pages
         self.max_body, self.read_timeout, self.request_timeout = max_body, read_timeout, request_timeout
@@ -230,6 +231,8 @@ class HttpServer:
         self.body_budget = max(body_budget, max_body)
         # The header an authenticating proxy in front of the pages names its user in (None: none).
         self.user_header = user_header.strip().lower() if user_header and user_header.strip() else None
+        # Where that header is believed from (empty: from every client, the proxy being the only way in).
+        self.user_header_from = TrustedPeers(tuple(user_header_from)) if user_header_from else None
         self.reserved = 0
         self.reserved_lock = threading.Lock()
         self.conns: dict[socket.socket, _Conn] = {}
@@ -483,7 +486,8 @@ class HttpServer:
             CLIENT_ADDRESS.set(str(peer[0]) if isinstance(peer, tuple) else "")
         except OSError:
             CLIENT_ADDRESS.set("")
-        CLIENT_USER.set(vouched_user(request.headers, self.user_header))
+        trusted = self.user_header_from is None or self.user_header_from.allows(CLIENT_ADDRESS.get())
+        CLIENT_USER.set(vouched_user(request.headers, self.user_header) if trusted else "")
         try:
             response = self.pages(request.method, request.path, request.query)
         except Exception:
@@ -536,6 +540,40 @@ class HttpServer:
 
 
 _SERVER_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "content-type"})
+
+
+class TrustedPeers:
+    """The addresses of named hosts (a proxy, compose's git server) whose user header is believed.
+
+    Names are resolved again after ``ttl`` seconds (a recreated container gets a new address); a name
+    that does not resolve lends no trust until it does. The one cache of resolved addresses is this
+    object's, bounded by the names given (each resolves to a handful of addresses).
+    """
+
+    def __init__(self, names: tuple[str, ...], ttl: float = 30.0) -> None:
+        self.names, self.ttl = names, ttl
+        self._addresses: frozenset[str] = frozenset()
+        self._resolved_at = float("-inf")
+        self._lock = threading.Lock()
+
+    def allows(self, address: str) -> bool:
+        """Whether ``address`` (a peer's IP as the socket reports it) is one of the names' addresses now."""
+        if not address:
+            return False
+        with self._lock:
+            if time.monotonic() - self._resolved_at > self.ttl:
+                self._addresses, self._resolved_at = self._resolve(), time.monotonic()
+            addresses = self._addresses
+        return address in addresses or address.removeprefix("::ffff:") in addresses
+
+    def _resolve(self) -> frozenset[str]:
+        found: set[str] = set()
+        for name in self.names:
+            try:
+                found.update(str(info[4][0]) for info in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP))
+            except (OSError, UnicodeError):
+                log.warning("--web-user-header-from: %s does not resolve; its user header is not believed", name)
+        return frozenset(found)
 
 
 def vouched_user(headers: dict[str, str], header: str | None) -> str:

@@ -62,7 +62,11 @@ class QuietRay(FakeRay):
 
 
 def _server(
-    tmp_path: Path, per_requester: int = 100, user_header: str | None = None, max_followers: int = 4
+    tmp_path: Path,
+    per_requester: int = 100,
+    user_header: str | None = None,
+    max_followers: int = 4,
+    user_header_from: tuple[str, ...] = (),
 ) -> tuple[HttpServer, RayLogs]:
     ray = QuietRay()
     ray.jobs[SID] = {
@@ -83,6 +87,7 @@ def _server(
         secret=None,
         pages=build_handler(StatusReader(repo), logs=logs),
         user_header=user_header,
+        user_header_from=user_header_from,
     )
     return srv, logs
 
@@ -243,6 +248,26 @@ def test_without_a_configured_header_a_claimed_user_counts_for_nothing(tmp_path:
     held = [_follow(port, user="bob"), _follow(port, user="bob")]
     try:  # the header is ignored: one address, whatever user it claims
         assert b"by 127.0.0.1" in _answer(port, "127.0.0.1", "bob")
+    finally:
+        for s in held:
+            s.close()
+        srv.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("trusted", "counted_as"),
+    [(("localhost",), b"by bob"), (("127.0.0.1",), b"by bob"), (("192.0.2.77",), b"by 127.0.0.1")],
+)
+def test_the_user_header_is_believed_only_from_the_hosts_named(
+    tmp_path: Path, trusted: tuple[str, ...], counted_as: bytes
+) -> None:
+    """Compose's git server names each key's owner (`ssh git@HOST logs`); a job on the same network could
+    send the header too, so it counts only from the git server's address (here: the loopback or not)."""
+    srv, _logs = _server(tmp_path, per_requester=2, user_header="X-Forwarded-User", user_header_from=trusted)
+    port = srv.server_address[1]
+    held = [_follow(port, user="bob"), _follow(port, user="bob")]
+    try:
+        assert counted_as in _answer(port, "127.0.0.1", "bob")
     finally:
         for s in held:
             s.close()
