@@ -32,7 +32,7 @@ from reconciler.server.core import HttpServer
 from reconciler.server.metrics import Metrics
 from reconciler.testing.status_branch import commit_files, dump, model_doc, task_doc
 from reconciler.web.app import daemon_pages
-from reconciler.web.response import PageHandler, Response
+from reconciler.web.response import CLIENT_USER, PageHandler, Response
 
 pytestmark = pytest.mark.e2e
 
@@ -72,6 +72,7 @@ class LiveLog:
     started: threading.Event = field(default_factory=threading.Event)
     closed: threading.Event = field(default_factory=threading.Event)
     quiet_closed: threading.Event = field(default_factory=threading.Event)
+    requesters: list[str] = field(default_factory=list)  # the user the server believed, per follow
 
     def chunks(self) -> Iterator[bytes]:
         try:
@@ -96,6 +97,7 @@ class LiveLog:
     def pages(self, inner: PageHandler) -> PageHandler:
         def handle(method: str, path: str, query: Mapping[str, list[str]]) -> Response | None:
             if path == "/api/v1/logs/alice/tasks/live" and query.get("follow") == ["1"]:
+                self.requesters.append(CLIENT_USER.get())
                 return Response(200, "text/plain; charset=utf-8", self.chunks())
             if path == "/api/v1/logs/alice/tasks/quiet" and query.get("follow") == ["1"]:
                 return Response(200, "text/plain; charset=utf-8", self.quiet())
@@ -261,8 +263,16 @@ def server() -> Iterator[Server]:
         seed_status(status_repo)
         live = LiveLog()
         pages = live.pages(daemon_pages(status_repo, "argus/status", None))
+        # As compose runs it: the key owner argus-shell names is believed from the git server's address.
         web = start_server(
-            "127.0.0.1:0", metrics=Metrics(), on_push=None, secret=None, health=lambda: {"ok": True}, pages=pages
+            "127.0.0.1:0",
+            metrics=Metrics(),
+            on_push=None,
+            secret=None,
+            health=lambda: {"ok": True},
+            pages=pages,
+            user_header="X-Argus-User",
+            user_header_from=("127.0.0.1",),
         )
         port = free_port()
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "host_key")], check=True)
@@ -426,6 +436,7 @@ def test_a_followed_log_streams_and_ends_when_the_client_leaves(server: Server) 
         first = [client.stdout.readline() for _ in range(3)]  # line by line, while the log goes on
         assert first == [b"line 0\n", b"line 1\n", b"line 2\n"], first
         assert not server.live.closed.is_set()
+        assert server.live.requesters == ["alice"]  # her slots, not the git server's shared address
     finally:
         client.kill()  # the user's ssh is gone (a closed laptop, ^C)
         client.wait()
