@@ -285,7 +285,8 @@ class ForgeJudge:
                         verdict[path] = (
                             f"signed by {forge}, a forge, but none of the first {self.pull_limit} pull-request "
                             f"heads ({self.pull_refs}) holding its content for {path} has signed commits "
-                            f"bringing it ({len(candidates)} hold it; --forge-pull-limit): not applied"
+                            "bringing it (later ones, which hold it too, are not checked: --forge-pull-limit): "
+                            "not applied"
                         )
                     break
                 same = [p for p in sorted(todo) if theirs[(head, p)] == mine[(commit, p)]]
