@@ -451,3 +451,25 @@ def test_past_the_pull_ref_cap_newer_pull_requests_are_refused_with_the_reason(
     files, rejected = forge.trusted()
     assert files[A] == "a2" and files[B] == "b1" and len(rejected) == 1
     assert "none of the first 2 (more are not searched) open pull-request heads" in rejected[0]
+
+
+def test_the_pull_limit_counts_heads_holding_the_content_in_pull_request_order(forge: Mallory) -> None:
+    """mallory's older pull request holds alice's squashed content (it forked where alice's file
+    had it) without changing it: a candidate that vouches for nothing. With --forge-pull-limit 1
+    it is the only head checked and the reason says so; with 2, alice's is found."""
+    forge.write(A, "a2")
+    old = forge.commit("alice's a2, on main", "alice")
+    forge.write(A, "a1")
+    forge.commit("alice's a1 again", "alice")
+    forge.git("checkout", "-q", "-b", "old", old)
+    forge.write(M, "m")
+    forge.publish(forge.commit("my model, from an old main", "mallory"))
+    forge.git("checkout", "-q", "main")
+    forge.squash(forge.pull_request(("alice", {A: "a1.5"}), ("alice", {A: "a2"})))
+    forge.pull_limit = 1
+    files, rejected = forge.trusted()
+    assert files[A] == "a1" and len(rejected) == 1
+    assert "none of the first 1 pull-request heads" in rejected[0] and "--forge-pull-limit" in rejected[0]
+    forge.pull_limit = 2
+    files, rejected = forge.trusted()
+    assert files[A] == "a2" and rejected == []
