@@ -17,21 +17,32 @@ change under ``users/<u>/`` signed by ``<u>`` or an admin, anything else by an a
   another pull request's signed commits would otherwise allow);
 - **squash or rebase** (one parent): the owners' signatures are not on the branch, so the
   forge's pull-request refs (``--forge-pull-refs``) are searched: a path is accepted when a
-  pull-request head ``H`` (one of the :data:`DEFAULT_PULL_LIMIT` newest not merged into the
-  parent) has either a commit ``K`` (``H --not parent``) with the same patch
-  (:func:`patch_ids`: ``git patch-id --stable``'s, but whitespace counts) that verifies
-  for the path, applied to the version in force (rebase), or the same content for the path, with every commit of
-  ``H --not merge-base(parent, H)`` that changes the path verifying for it, at least one
-  changing it, and their changes leading from the parent's version to the head's (squash);
+  pull-request head ``H`` (not merged into the parent) has either a commit ``K``
+  (``H --not parent``) with the same patch (:func:`patch_ids`: ``git patch-id --stable``'s,
+  but whitespace counts) that verifies for the path, applied to the version in force (rebase),
+  or the same content for the path, with every commit of ``H --not merge-base(parent, H)`` that
+  changes the path verifying for it, at least one changing it, and their changes leading from
+  the parent's version to the head's (squash);
 - anything else a forge signs (an octopus merge, a root commit) is refused.
 
 Acceptance is per path, as for every other commit: a pull request that changes the
 author's own files and another user's without that user's signature deploys the author's
 part only, and each refused path is reported with the commit and the reason.
-Every walk is bounded (:data:`MAX_PR_COMMITS` commits per pull request,
-:data:`MAX_PULL_COMMITS` compared by patch, ``pull_limit`` refs); a squash or rebase commit costs
-a constant number of git runs for all heads (plus the heads that match), and the verdicts are
-cached per commit (and allowed-signers content) in a bounded cache (:data:`CACHE_SIZE`).
+Candidates are selected by what the forge commit changes, not by recency, so that a verdict does
+not change as pull requests are opened (a verification from the trust start, after a restart or an
+edited allowed-signers file, judges an old squash against today's refs): the refs are read in
+pull-request order (``refs/pull/9/head`` before ``refs/pull/10/head``: the forge numbers them as they
+are opened, whatever dates their commits carry), at most :data:`MAX_PULL_REFS`; the rebase twins are
+searched among the pull-request commits changing a judged path only (:data:`MAX_PULL_COMMITS`,
+newest first: commits elsewhere do not use up the bound); the squash candidates are the heads holding
+the commit's content for a judged path (one object lookup for all heads), of which the first
+``pull_limit`` (``--forge-pull-limit``) are checked. Every walk is bounded (also
+:data:`MAX_PR_COMMITS` commits per pull request); a squash or rebase commit costs a constant number
+of git runs for all heads (plus the candidate heads checked), and the verdicts are cached per commit
+(and allowed-signers content) in a bounded cache (:data:`CACHE_SIZE`). What a flood still does:
+more than :data:`MAX_PULL_COMMITS` commits changing the very file, dated newer, hide a rebase twin of
+it; more than :data:`MAX_PULL_REFS` older pull-request refs, or ``pull_limit`` older pull requests
+holding the very content, hide a pull request (both refused with the reason).
 Signatures of pull-request commits (an ssh-keygen run each) are checked only for commits that
 change a path being judged, each once per allowed-signers content (:data:`SIGNER_CACHE`).
 """
@@ -50,8 +61,9 @@ from reconciler import git
 from reconciler.source.git import decode_path
 
 MAX_PR_COMMITS = 1000  # commits of one pull request looked at; past it, its changes are refused
-MAX_PULL_COMMITS = 5000  # commits of all open pull requests compared by patch with a rebased commit
-DEFAULT_PULL_LIMIT = 200  # pull-request refs considered for a squash or rebase, newest first
+MAX_PULL_COMMITS = 5000  # pull-request commits changing a judged path compared by patch with a rebased commit
+MAX_PULL_REFS = 20000  # pull-request refs read (in pull-request order); past it, the newer ones are not searched
+DEFAULT_PULL_LIMIT = 200  # pull-request heads holding a squashed path's content that are checked, oldest first
 CACHE_SIZE = 256  # forge commits whose verdicts are kept
 SIGNER_CACHE = 20000  # pull-request commits whose signers are kept
 
@@ -221,19 +233,23 @@ class ForgeJudge:
                 "--forge-pull-refs so that the signed pull-request commits can be found: not applied"
             )
             return dict.fromkeys(paths, refused)
+        heads, more = self._pull_heads(parent)
+        heads = [h for h in heads if h != commit]
+        searched = f"the first {MAX_PULL_REFS} (more are not searched)" if more else "the"
         verdict: Verdict = dict.fromkeys(
             paths,
-            f"signed by {forge}, a forge, but none of the {self.pull_limit} newest open pull-request heads "
-            f"({self.pull_refs}) has this patch, or this content with signed commits: not applied",
+            f"signed by {forge}, a forge, but none of {searched} open pull-request heads ({self.pull_refs}) "
+            "has this patch, or this content with signed commits: not applied",
         )
         specific: set[str] = set()  # paths whose reason names a pull request that brought the change
         todo = set(paths)
-        heads = [h for h in self._pull_heads(parent) if h != commit]
         if not heads:
             return verdict
         # Rebase: a pull-request commit (not on the branch yet) with the same patch, signed for the path.
-        patch = self._patch_ids(commit, "--not", parent).get(commit)
-        twins = [k for k, pid in self._patch_ids(*heads, "--not", parent).items() if pid == patch and k != commit]
+        # Only commits changing one of the paths can have the patch: a pull request's commits elsewhere
+        # (however many, however new) do not use up the bound.
+        patch = self._patch_ids([commit], parent, paths).get(commit)
+        twins = [k for k, pid in self._patch_ids(heads, parent, paths).items() if pid == patch and k != commit]
         signer_of = self._signers(signers, twins) if patch is not None and twins else {}
         # The same patch vouches for the change, not for the rest of the file it lands in: the commit's
         # whole new version deploys, so the version it was applied to must be the one in force (not
@@ -257,8 +273,22 @@ class ForgeJudge:
         # Squash: a head with the commit's content for the path, every pull-request commit changing it signed.
         if todo:
             mine = self._objects([(c, p) for p in todo for c in (commit, parent)])
+            # One lookup of the paths in every head (cheap for thousands): only heads holding the
+            # commit's content for a path are candidates, and the per-head bound applies to them, in
+            # pull-request order (a pull request opened later, however new its dates, comes after).
             theirs = self._objects([(h, p) for h in heads for p in todo])
-            for head in heads:
+            candidates = [h for h in heads if any(theirs[(h, p)] == mine[(commit, p)] for p in todo)]
+            for n, head in enumerate(candidates):
+                if n == self.pull_limit:
+                    rest = {p for h in candidates[n:] for p in todo if theirs[(h, p)] == mine[(commit, p)]}
+                    for path in rest - specific:
+                        verdict[path] = (
+                            f"signed by {forge}, a forge, but none of the first {self.pull_limit} pull-request "
+                            f"heads ({self.pull_refs}) holding its content for {path} has signed commits "
+                            "bringing it (later ones, which hold it too, are not checked: --forge-pull-limit): "
+                            "not applied"
+                        )
+                    break
                 same = [p for p in sorted(todo) if theirs[(head, p)] == mine[(commit, p)]]
                 if same:
                     differs = self._differs(commit, head)  # also compares modes
@@ -285,27 +315,40 @@ class ForgeJudge:
                     break
         return verdict
 
-    def _pull_heads(self, parent: str) -> list[str]:
-        """The newest (committer date) ``pull_limit`` pull-request heads not merged into ``parent``."""
+    def _pull_heads(self, parent: str) -> tuple[list[str], bool]:
+        """The pull-request heads not merged into ``parent``, in pull-request order (refs sorted
+        by version: ``refs/pull/9/head`` before ``refs/pull/10/head``; the forge numbers them as
+        they are opened, so a newer pull request never comes before an older one, whatever
+        dates its commits carry), at most :data:`MAX_PULL_REFS`; and whether there were more."""
         assert self.pull_refs is not None
         out = git.text(
             self.repo,
             "for-each-ref",
-            "--sort=-committerdate",
-            f"--count={self.pull_limit}",
+            "--sort=version:refname",
+            f"--count={MAX_PULL_REFS + 1}",
             f"--no-merged={parent}",
             "--format=%(objectname)",
             self.pull_refs,
-        )
-        return list(dict.fromkeys(out.split()))
+        ).split()
+        return list(dict.fromkeys(out[:MAX_PULL_REFS])), len(out) > MAX_PULL_REFS
 
-    def _patch_ids(self, *revs: str) -> dict[str, str]:
-        """commit -> patch id (:func:`patch_ids`) of each non-merge commit of ``revs`` (at most
-        :data:`MAX_PULL_COMMITS`, newest first) that changes something."""
+    def _patch_ids(self, heads: list[str], parent: str, paths: Iterable[str]) -> dict[str, str]:
+        """commit -> patch id (:func:`patch_ids`, of the whole commit) of each non-merge commit of
+        ``heads --not parent`` that changes one of ``paths`` (at most :data:`MAX_PULL_COMMITS`, newest
+        first), in one git run (heads and paths on its input: thousands fit). {} when no path can
+        be named (a path with a newline)."""
+        named = [p for p in paths if "\n" not in p]
+        if not named:
+            return {}
+        revs = "".join(f"{h}\n" for h in [*heads, f"^{parent}"])
         log = git.run(
             self.repo,
+            "--literal-pathspecs",  # a path is a name, not a pattern
             "log",
+            "--stdin",
             "--no-merges",
+            "--full-history",  # a commit behind a merge that kept the other side is still found
+            "--full-diff",  # the patch of the whole commit, not of the paths
             f"--max-count={MAX_PULL_COMMITS}",
             "-p",
             "--text",  # a `-diff` or `binary` attribute must not turn two changes into the same line
@@ -314,7 +357,7 @@ class ForgeJudge:
             "--no-color",
             "--no-ext-diff",
             "--format=commit %H",
-            *revs,
+            input=(revs + "--\n" + "".join(f"{p}\n" for p in named)).encode("utf-8", "surrogateescape"),
         )
         return patch_ids(log)
 

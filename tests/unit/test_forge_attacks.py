@@ -211,7 +211,6 @@ def test_rebase_matching_bobs_patch_with_other_indentation_is_refused(forge: Mal
     assert files[B] == "b1" and len(rejected) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="verdicts depend on the N newest PR refs at verification time (restart)")
 def test_newer_pull_requests_do_not_undo_a_deployed_squash_after_a_restart(forge: Mallory) -> None:
     """alice's squashed change deploys. mallory then opens ``pull_limit`` pull requests (their
     committer dates are hers to choose: newest forever). Every verification from the trust start
@@ -268,7 +267,6 @@ def test_alice_merging_main_into_her_own_pull_request_deploys(forge: Mallory, ho
     assert files[A] == forge.blob(head, A) and rejected == []
 
 
-@pytest.mark.xfail(strict=True, reason="rebase twins are searched among the MAX_PULL_COMMITS newest PR commits only")
 def test_one_long_pull_request_does_not_stop_rebased_pull_requests_from_deploying(
     forge: Mallory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -395,3 +393,83 @@ def test_bobs_open_draft_carried_in_mallorys_pull_request_deploys_as_documented(
     _land(forge, how, head)
     files, rejected = forge.trusted()
     assert files[B] == "bob's draft, under review" and files[M] == "m" and rejected == []
+
+
+def _spam(forge: Mallory, count: int) -> None:
+    """``count`` pull requests of mallory's (one commit each, changing alice's file to content of
+    her own), written in one ``git fast-import``."""
+    base = forge.git("rev-parse", "main")
+    stream = "".join(
+        f"commit refs/pull/{1000 + i}/head\ncommitter m <m@e> {2_000_000_000 + i} +0000\ndata 4\nspam\n"
+        f"from {base}\nM 100644 inline {A}\ndata {len(f'spam {i}')}\nspam {i}\n\n"
+        for i in range(count)
+    )
+    subprocess.run(["git", "fast-import", "--quiet"], cwd=forge.path, input=stream.encode(), check=True)
+
+
+def _git_runs(forge: Mallory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+    """The git runs of a verification from the trust start (a restart), counted by a shim."""
+    shim = tmp_path / "gitbin"
+    shim.mkdir(exist_ok=True)
+    calls = tmp_path / "git-calls"
+    calls.unlink(missing_ok=True)
+    real = subprocess.run(["which", "git"], capture_output=True, text=True, check=True).stdout.strip()
+    (shim / "git").write_text(f'#!/bin/sh\necho >> "{calls}"\nexec {real} "$@"\n')
+    (shim / "git").chmod(0o755)
+    with monkeypatch.context() as patch:
+        patch.setenv("PATH", f"{shim}:{os.environ['PATH']}")
+        files, rejected = forge.trusted()
+    assert files[A] == "a3" and rejected == []
+    return len(calls.read_text().splitlines())
+
+
+@pytest.mark.parametrize("how", ["squash", "rebase"])
+def test_many_pull_request_refs_cost_no_git_run_each(
+    forge: Mallory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """The candidates are selected in one pass for all refs (an object lookup of the judged paths
+    in every head; a patch-id log restricted to the judged paths): 300 more pull requests, newer
+    and all changing alice's file, cost no git run more than none, and change no verdict."""
+    _land(forge, how, forge.pull_request(("alice", {A: "a2"}), ("alice", {A: "a3"})))
+    before = _git_runs(forge, tmp_path, monkeypatch)
+    _spam(forge, 300)
+    assert _git_runs(forge, tmp_path, monkeypatch) == before
+
+
+def test_past_the_pull_ref_cap_newer_pull_requests_are_refused_with_the_reason(
+    forge: Mallory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MAX_PULL_REFS bounds the refs read, in pull-request order: the older pull requests are
+    still found (a verdict does not change as pull requests are opened), a newer one is refused
+    and the reason says why."""
+    import reconciler.source.forge as forge_module
+
+    monkeypatch.setattr(forge_module, "MAX_PULL_REFS", 2)
+    forge.squash(forge.pull_request(("alice", {A: "a1.5"}), ("alice", {A: "a2"})))
+    forge.pull_request(("mallory", {M: "m"}))
+    forge.squash(forge.pull_request(("bob", {B: "b1.5"}), ("bob", {B: "b2"})))
+    files, rejected = forge.trusted()
+    assert files[A] == "a2" and files[B] == "b1" and len(rejected) == 1
+    assert "none of the first 2 (more are not searched) open pull-request heads" in rejected[0]
+
+
+def test_the_pull_limit_counts_heads_holding_the_content_in_pull_request_order(forge: Mallory) -> None:
+    """mallory's older pull request holds alice's squashed content (it forked where alice's file
+    had it) without changing it: a candidate that vouches for nothing. With --forge-pull-limit 1
+    it is the only head checked and the reason says so; with 2, alice's is found."""
+    forge.write(A, "a2")
+    old = forge.commit("alice's a2, on main", "alice")
+    forge.write(A, "a1")
+    forge.commit("alice's a1 again", "alice")
+    forge.git("checkout", "-q", "-b", "old", old)
+    forge.write(M, "m")
+    forge.publish(forge.commit("my model, from an old main", "mallory"))
+    forge.git("checkout", "-q", "main")
+    forge.squash(forge.pull_request(("alice", {A: "a1.5"}), ("alice", {A: "a2"})))
+    forge.pull_limit = 1
+    files, rejected = forge.trusted()
+    assert files[A] == "a1" and len(rejected) == 1
+    assert "none of the first 1 pull-request heads" in rejected[0] and "--forge-pull-limit" in rejected[0]
+    forge.pull_limit = 2
+    files, rejected = forge.trusted()
+    assert files[A] == "a2" and rejected == []

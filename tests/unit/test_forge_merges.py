@@ -232,27 +232,32 @@ def test_the_forge_key_alone_changes_nothing(forge: Forge) -> None:
     assert files["users/alice/models/a.yaml"] == "a1" and files["users/bob/models/b.yaml"] == "b1"
     assert files["cluster.yaml"] == "kind: Cluster" and "users/github/models/g.yaml" not in files
     assert len(rejected) == 4
-    assert f"commit {commit[:12]}: cluster.yaml: signed by github, a forge, but none of the 200 newest" in rejected[0]
+    assert (
+        f"commit {commit[:12]}: cluster.yaml: signed by github, a forge, but none of the open pull-request heads"
+        in rejected[0]
+    )
     assert f"PR commit {side[:12]} changes users/bob/models/b.yaml but is not signed by bob or an admin" in rejected[3]
     assert "(signed by github)" in rejected[3]
 
 
 @pytest.mark.parametrize("how", ["squash", "rebase"])
 def test_the_matching_pull_request_is_found_among_others_within_the_limit(forge: Forge, how: str) -> None:
-    alice = forge.pull_request(("alice", {"users/alice/models/a.yaml": "a2"}))
-    forge.pull_request((None, {"users/alice/models/a.yaml": "a2"}))  # the same change, unsigned
+    """--forge-pull-limit bounds the heads holding the squashed content that are checked, in
+    pull-request order (oldest first); heads holding other content do not count, nor do newer ones."""
+    forge.pull_request((None, {"users/alice/models/a.yaml": "a2"}))  # the same change, unsigned, first
+    alice = forge.pull_request(*(("alice", {"users/alice/models/a.yaml": v}) for v in ("a1.5", "a2")))
     forge.pull_request(("bob", {"users/bob/models/b.yaml": "b2"}))  # the newest, still open
-    _land(forge, how, alice)
+    _land(forge, how, alice)  # a squash of two commits: no one patch, matched by content
     files, rejected = forge.trusted()
     assert files["users/alice/models/a.yaml"] == "a2" and rejected == []
-    forge.pull_limit = 2  # alice's pull request is not among the 2 newest heads any more
+    forge.pull_limit = 1  # only the first head holding a2 is checked: the unsigned one
     files, rejected = forge.trusted()
+    if how == "rebase":  # a rebase is matched by patch among all heads' commits changing the file
+        assert files["users/alice/models/a.yaml"] == "a2" and rejected == []
+        return
     assert files["users/alice/models/a.yaml"] == "a1"
-    # Of the 2 newest heads, one holds the same change unsigned: that is the reason given.
     assert len(rejected) == 1
     assert "is not signed by alice or an admin (not signed by a key in the allowed signers file)" in rejected[0]
-    forge.pull_limit = 1  # only bob's, which does not hold the change
-    assert "none of the 1 newest open pull-request heads" in forge.trusted()[1][0]
 
 
 def test_a_forge_commit_without_pull_refs_is_refused_with_the_way_out(forge: Forge) -> None:
