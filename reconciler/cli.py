@@ -1123,8 +1123,8 @@ def _source_args(p: argparse.ArgumentParser) -> None:
         type=int,
         default=_env("FORGE_PULL_LIMIT", "200"),
         metavar="N",
-        help="how many pull-request heads (newest first) a squash or rebase merge is compared with "
-        "(default 200) [ARGUS_FORGE_PULL_LIMIT]",
+        help="how many pull-request heads holding a squash merge's content are checked, oldest pull request "
+        "first (default 200) [ARGUS_FORGE_PULL_LIMIT]",
     )
 
 
