@@ -530,6 +530,42 @@ def test_recreate_the_daemon(env: Env) -> None:
     assert task_runs(env) == runs_before, "a task ran again"
 
 
+def test_backup_and_restore_with_the_documented_commands_runs_nothing_again(env: Env, tmp_path: Path) -> None:
+    # docs/admins/backup-and-upgrade.md, "With compose", command by command: a backup while the daemon runs,
+    # copied to the host; a restore over the installation (refused without --force, then with it, the
+    # daemon stopped); the daemon back on the restored state adopts what runs and runs nothing again.
+    pids = replica_pids(env, "alice") | replica_pids(env, "bob")
+    runs_before = task_runs(env)
+    task_before = env.alice.status()[TASK]
+    made = env.stack.exec("argus", "argus-node", "argus", "backup", "--to", "/tmp/argus-backup.tar.gz")
+    assert "wrote /tmp/argus-backup.tar.gz" in made.stdout, made.stdout + made.stderr
+    archive = tmp_path / "argus-backup.tar.gz"
+    container = env.stack.container_id("argus")
+    copied = subprocess.run(
+        ["docker", "cp", f"{container}:/tmp/argus-backup.tar.gz", str(archive)],
+        env=env.stack.daemon.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert copied.returncode == 0 and archive.stat().st_size > 0, copied.stderr
+    env.stack.exec("argus", "rm", "/tmp/argus-backup.tar.gz")
+    env.stack.compose("stop", "argus")
+    restore = ("run", "--rm", "--no-deps", "--entrypoint", "argus", "-v", f"{archive}:/backup.tar.gz:ro", "argus")
+    refused = env.stack.compose(*restore, "restore", "/backup.tar.gz", check=False, timeout=300)
+    assert refused.returncode != 0 and "--force" in refused.stdout + refused.stderr, refused.stdout + refused.stderr
+    done = env.stack.compose(*restore, "restore", "--force", "/backup.tar.gz", timeout=300)
+    assert "restored the state folder" in done.stdout, done.stdout + done.stderr
+    env.stack.compose("up", "-d", "--no-deps", "argus")
+    wait_for(env.stack.healthy, "the daemon on the restored state", timeout=300)
+    wait_for(lambda: env.running(MODEL_A) and env.running(MODEL_B), "both models RUNNING", timeout=300, every=5)
+    assert replica_pids(env, "alice") | replica_pids(env, "bob") == pids, "a replica was restarted"
+    assert task_runs(env) == runs_before, "a task ran again"
+    task_after = env.alice.status()[TASK]
+    assert task_after["state"] == task_before["state"] == "SUCCEEDED"
+    assert task_after.get("submission_id") == task_before.get("submission_id")
+
+
 def test_restart_and_recreate_the_head(env: Env) -> None:
     runs_before = task_runs(env)
     for how in (("restart", "head"), ("up", "-d", "--force-recreate", "head")):
