@@ -41,10 +41,24 @@ def daemon(ray_head: RayHead, tmp_path: Path) -> Iterator[DaemonProc]:
         yield proc
     finally:
         proc.stop()
+        stopping = []
         for job in dash.get("/api/jobs/"):
             meta = job.get("metadata") or {}
             if meta.get("argus-user") in ("alice", "bob") and job.get("status") in ("PENDING", "RUNNING"):
                 stop_job(dash, str(job["submission_id"]))
+                stopping.append(str(job["submission_id"]))
+        # The next test on this shared head counts on the GPUs being free again.
+        wait_for(
+            lambda: (
+                not any(
+                    j.get("status") in ("PENDING", "RUNNING")
+                    for j in dash.get("/api/jobs/")
+                    if j["submission_id"] in stopping
+                )
+            ),
+            "this test's runs stopped",
+            timeout=120,
+        )
 
 
 def healthz(daemon: DaemonProc) -> tuple[int, dict[str, Any]]:
@@ -56,10 +70,12 @@ def healthz(daemon: DaemonProc) -> tuple[int, dict[str, Any]]:
 
 
 def jobs(dash: Dashboard, user: str) -> dict[str, str]:
+    """This test's runs of ``user`` (the Ray head is shared: other tests' alice and bob ran other tasks)."""
+    task = {"alice": "train", "bob": "job"}[user]
     return {
         str(j["submission_id"]): str(j["status"])
         for j in dash.get("/api/jobs/")
-        if (j.get("metadata") or {}).get("argus-user") == user
+        if (j.get("metadata") or {}).get("argus-user") == user and (j.get("metadata") or {}).get("argus-task") == task
     }
 
 
