@@ -32,6 +32,7 @@ from reconciler.errors import (
     StatusBranchBlocked,
     TemporaryError,
 )
+from reconciler.observe.api_keys import daemon_key, key_hash
 from reconciler.observe.jobs import resume_point
 from reconciler.observe.serve import ServeObservation
 from reconciler.plan.actions import Action, ActionType, Plan
@@ -327,7 +328,11 @@ class Applier:
 
         auth = None
         if self.api_keys is not None:  # read on every tick: a new or revoked key reaches the router
-            auth = RouterAuth(self.api_keys(), model_access(desired.models.values(), desired.cluster))
+            auth = RouterAuth(
+                self.api_keys(),
+                model_access(desired.models.values(), desired.cluster),
+                daemon=key_hash(daemon_key(self.ownership_key)),
+            )
 
         def put() -> None:
             out.serve_put = apply_serve(

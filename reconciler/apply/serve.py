@@ -54,6 +54,7 @@ def target_apps(
         [a for n, a in target.items() if n != ROUTER_APP],
         keys=auth.keys if auth else None,
         access=auth.access if auth else None,
+        daemon=auth.daemon if auth else None,
         deployed=observation.apps.get(ROUTER_APP),
     )
     target[router["name"]] = router
@@ -63,10 +64,12 @@ def target_apps(
 @dataclass(frozen=True)
 class RouterAuth:
     """What the router checks callers against: ``keys`` (sha256 hex -> user, from the admin's keys
-    file; None: open) and ``access`` by application name (:func:`~reconciler.builders.serve.model_access`)."""
+    file; None: open), ``access`` by application name (:func:`~reconciler.builders.serve.model_access`)
+    and ``daemon``, the sha256 hex of the daemon's own key."""
 
     keys: Mapping[str, str] | None
     access: Mapping[str, list[str] | None]
+    daemon: str | None = None  # sha256 hex of the daemon's own key (it probes every model)
 
 
 def deployed_apps(observation: ServeObservation) -> dict[str, dict[str, Any]]:

@@ -187,6 +187,7 @@ def router_app_config(
     keys: Mapping[str, str] | None = None,
     access: Mapping[str, list[str] | None] | None = None,
     deployed: Mapping[str, Any] | None = None,
+    daemon: str | None = None,
 ) -> dict[str, Any]:
     """The router application entry routing ``model_apps`` (see :func:`router_table`).
 
@@ -201,12 +202,15 @@ def router_app_config(
     endpoint is open) and, with keys only, ``access`` (:func:`model_access`) and each user's team
     travel in the ``user_config`` too: hashes, never keys. An application ``access`` does not
     name (a model carried as it runs: its file is invalid now) keeps the access the ``deployed``
-    router config gave it, else only its owner may call it.
+    router config gave it, else only its owner may call it. ``daemon`` (sha256 hex of the daemon's
+    own key, with keys only) may call every model: the daemon probes each through the router.
     """
     router = cluster.serving.router
     user_config: dict[str, Any] = {"models": router_table(model_apps)}
     if keys is not None:
         user_config["keys"] = dict(sorted(keys.items()))
+        if daemon:
+            user_config["daemon"] = daemon
         before = _deployed_access(deployed)
         given = access or {}
         user_config["access"] = {

@@ -15,6 +15,8 @@ file fails closed, never open.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import os
 import re
@@ -25,6 +27,18 @@ log = logging.getLogger("argus")
 MAX_BYTES = 8 * 1024 * 1024  # ~100,000 keys at ~80 bytes a line
 USER_RE = re.compile(r"^(?=.{1,31}$)[a-z][a-z0-9]*(?:-[a-z][a-z0-9]*)*$")  # the loader's user names
 SHA256_RE = re.compile(r"^[0-9a-fA-F]{64}$")
+
+
+def key_hash(key: str) -> str:
+    """The sha256 hex of ``key``: what the keys file and the router hold of it."""
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def daemon_key(ownership_key: bytes) -> str:
+    """The daemon's own API key: it probes every model through the router (reconciler.observe.probe),
+    private ones too. Derived from the ownership key (secret, kept across restarts), so it never
+    changes the router's table on a restart and never appears in a file."""
+    return "argus-daemon-" + hmac.new(ownership_key, b"argus router: the daemon's API key", hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)

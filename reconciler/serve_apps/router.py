@@ -115,6 +115,7 @@ class Caller:
 
     user: str
     team: str | None
+    daemon: bool = False  # the daemon's own key (it probes every model): may call every model
 
 
 @dataclass(frozen=True)
@@ -126,15 +127,19 @@ class Auth:
     keys: dict[str, str] | None = None
     access: dict[str, frozenset[str] | None] = field(default_factory=dict)
     teams: dict[str, str] = field(default_factory=dict)
+    daemon: str | None = None  # sha256 hex of the daemon's own key
+
+
+DAEMON = Caller("", None, daemon=True)
 
 
 def may_call(caller: Caller, owner: str, access: frozenset[str] | None) -> bool:
     """True when ``caller`` may call a model of ``owner`` whose access list is ``access``. Pure.
 
-    The owner always may; ``access`` None (or holding EVERYONE) lets every caller; else the
-    caller's user name or team must be in it.
+    The owner and the daemon always may; ``access`` None (or holding EVERYONE) lets every caller;
+    else the caller's user name or team must be in it.
     """
-    if access is None or caller.user == owner or caller.user in access:
+    if caller.daemon or access is None or caller.user == owner or caller.user in access:
         return True
     return (caller.team is not None and caller.team in access) or EVERYONE in access
 
@@ -185,7 +190,11 @@ def parse_auth(config: Any) -> tuple[Auth, list[str]]:
             problems.append("teams: entries that are not user -> team names skipped")
     else:
         problems.append("teams is not a mapping: nobody is in a team")
-    return Auth(keys, access, teams), problems
+    daemon = config.get("daemon")
+    if daemon is not None and not _is_sha256(daemon):
+        problems.append("daemon is not a sha256 hex: the daemon's probes are refused")
+        daemon = None
+    return Auth(keys, access, teams, daemon if keys is not None else None), problems
 
 
 def _is_sha256(digest: object) -> bool:
@@ -460,8 +469,11 @@ class ArgusIngress(OpenAiIngress):
         if header[: len(BEARER)].lower() != BEARER:
             raise _unauthorized("No API key provided: send `Authorization: Bearer <key>`.")
         key = header[len(BEARER) :].strip()
-        user = keys.get(hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest())
+        digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+        user = keys.get(digest)
         if user is None:
+            if digest == self._auth.daemon:
+                return DAEMON
             raise _unauthorized("Incorrect API key provided.")
         return Caller(user, self._auth.teams.get(user))
 

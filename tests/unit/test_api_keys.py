@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.observe import api_keys
-from reconciler.observe.api_keys import KeysFile, parse_keys
+from reconciler.observe.api_keys import KeysFile, daemon_key, key_hash, parse_keys
 
 
 def sha(key: str) -> str:
@@ -89,3 +89,10 @@ def test_bad_lines_are_logged_once_per_change(tmp_path: Path, caplog: pytest.Log
         keys.read()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 21 and warnings[0].startswith(f"{path}:1: ") and "30 more" in warnings[-1]
+
+
+def test_the_daemons_key_is_stable_secret_and_not_a_user() -> None:
+    """Derived from the ownership key: the same across restarts (no router update), another per cluster."""
+    assert daemon_key(b"k" * 32) == daemon_key(b"k" * 32) != daemon_key(b"j" * 32)
+    assert key_hash(daemon_key(b"k" * 32)) == sha(daemon_key(b"k" * 32))
+    assert b"k" * 32 not in daemon_key(b"k" * 32).encode()

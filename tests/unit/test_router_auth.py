@@ -47,6 +47,7 @@ TABLE: dict[str, Any] = {
     "keys": KEYS,
     "access": ACCESS,
     "teams": {"alice": "research", "carl": "research"},
+    "daemon": hashlib.sha256(b"the-daemons-key").hexdigest(),
 }
 SECRET_ID, SECRET_ALIAS = MODELS["argus--alice--secret"]
 CHAT_ID, CHAT_ALIAS = MODELS["argus--bob--chat"]
@@ -205,6 +206,20 @@ def test_a_team_model_answers_its_team_and_a_public_model_everyone_with_a_key(se
         for key in (ALICE_KEY, BOB_KEY, CARL_KEY):
             assert not isinstance(call(r, CHAT_ALIAS, key), OpenAIHTTPException)
         assert await listed(r, CARL_KEY) == {TEAM_ID, TEAM_ALIAS, CHAT_ID, CHAT_ALIAS}
+
+    asyncio.run(scenario())
+
+
+def test_the_daemons_key_may_call_and_list_every_model(serve: FakeServe) -> None:
+    """The daemon probes every model through the router (reconciler/observe/probe.py), private ones too."""
+
+    async def scenario() -> None:
+        r = await replica()
+        assert r.caller(request("the-daemons-key")) == router.DAEMON
+        assert not isinstance(call(r, SECRET_ALIAS, "the-daemons-key"), OpenAIHTTPException)
+        assert SECRET_ID in await listed(r, "the-daemons-key")
+        open_table = {k: v for k, v in TABLE.items() if k != "keys"}
+        assert parse_auth(open_table)[0].daemon is None  # no keys: nothing to let through
 
     asyncio.run(scenario())
 
