@@ -281,6 +281,30 @@ def test_keys_and_access_change_in_place(serve: FakeServe) -> None:
     asyncio.run(scenario())
 
 
+def test_over_http_the_answers_are_openai_error_bodies(serve: FakeServe) -> None:
+    """Through Ray's own FastAPI app (its error middleware) and real Starlette requests: a 401 and a
+    refused model's 404 are ``{"error": {"message", "type", "code"}}`` bodies, as OpenAI's."""
+    from fastapi.testclient import TestClient
+    from ray.llm._internal.serve.core.ingress.ingress import init
+
+    app = init()
+    ingress = asyncio.run(replica())
+    app.get("/v1/models")(ingress.models)
+    app.get("/v1/models/{model:path}")(ingress.model_data)
+    client = TestClient(app, raise_server_exceptions=False)
+    bob = {"Authorization": f"Bearer {BOB_KEY}"}
+    answer = client.get("/v1/models")
+    assert answer.status_code == 401
+    assert answer.json()["error"]["type"] == "InvalidApiKey" and answer.json()["error"]["code"] == 401
+    assert {"message", "type", "code"} <= answer.json()["error"].keys()
+    assert client.get("/v1/models", headers={"Authorization": "Bearer sk-nope"}).status_code == 401
+    answer = client.get("/v1/models", headers=bob)
+    assert answer.status_code == 200 and {m["id"] for m in answer.json()["data"]} == {CHAT_ID, CHAT_ALIAS}
+    refused, missing = client.get(f"/v1/models/{SECRET_ALIAS}", headers=bob), client.get("/v1/models/x", headers=bob)
+    assert refused.status_code == missing.status_code == 404
+    assert refused.json()["error"]["type"] == missing.json()["error"]["type"] == "ModelNotFound"
+
+
 def test_parse_auth_fails_closed() -> None:
     auth, problems = parse_auth({"models": [], "keys": {"not-a-hash": "eve", sha("k"): "ann"}})
     assert auth.keys == {sha("k"): "ann"} and len(problems) == 1
