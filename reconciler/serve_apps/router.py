@@ -35,7 +35,7 @@ dated model id always wins over an alias. A request by alias reaches vLLM under 
 is routed to the earlier-deployed one.
 
 Who may call what (API keys and access rules). With ``keys`` in the table (from the admin's
-keys file, ``argus daemon --api-keys``: the sha256 hex of each key and its user; never a key)
+keys file, ``argus run --api-keys``: the sha256 hex of each key and its user; never a key)
 every request names its caller with ``Authorization: Bearer <key>``: :meth:`ArgusIngress.caller`
 looks the key's sha256 up in a dict, once per request and in one place (what per-user limits
 and usage accounting hook into); no key, or one the table does not hold, is a 401. ``access``
