@@ -96,3 +96,17 @@ def test_the_daemons_key_is_stable_secret_and_not_a_user() -> None:
     assert daemon_key(b"k" * 32) == daemon_key(b"k" * 32) != daemon_key(b"j" * 32)
     assert key_hash(daemon_key(b"k" * 32)) == sha(daemon_key(b"k" * 32))
     assert b"k" * 32 not in daemon_key(b"k" * 32).encode()
+
+
+def test_doctor_takes_the_routers_401_for_an_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With keys on, `argus doctor`'s OpenAI check (which has no key) gets the router's 401: the
+    endpoint answers. Any other 401 (a proxy in front) still fails the check."""
+    from reconciler import doctor
+
+    settings = doctor.Settings(serve_url="http://serve:8000")
+    body = b'{"error": {"message": "No API key provided", "type": "InvalidApiKey", "code": 401}}'
+    monkeypatch.setattr(doctor, "_get", lambda url, timeout: (401, body))
+    assert "API keys are on" in doctor.check_openai(settings)
+    monkeypatch.setattr(doctor, "_get", lambda url, timeout: (401, b"Unauthorized"))
+    with pytest.raises(doctor.CheckFailed):
+        doctor.check_openai(settings)
