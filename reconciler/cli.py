@@ -1090,6 +1090,14 @@ def _source_args(p: argparse.ArgumentParser) -> None:
         help="git allowed-signers file outside the repository; principals are user names [ARGUS_ALLOWED_SIGNERS]",
     )
     p.add_argument(
+        "--api-keys",
+        default=_env("API_KEYS"),
+        metavar="FILE",
+        help="API keys file outside the repository, one `<user> <sha256 hex of the key>` a line, read again when "
+        "it changes: the OpenAI endpoint then answers only requests with one of those keys and applies the "
+        "models' access rules (default: none, the endpoint is open) [ARGUS_API_KEYS]",
+    )
+    p.add_argument(
         "--admins",
         default=_env("ADMINS", ""),
         metavar="NAME,...",
@@ -1172,6 +1180,7 @@ def _parts(args: argparse.Namespace, source: Any) -> Any:
         state_dir=state_dir,
         ownership_key=load_or_create_key(state_dir),  # ARGUS_OWNERSHIP_KEY, else <state dir>/ownership.key
         serve_url=None if args.serve_url == "off" else ("" if args.serve_url == "auto" else args.serve_url),
+        api_keys=os.path.abspath(args.api_keys) if args.api_keys else None,
     )
 
 

@@ -197,6 +197,8 @@ def check_openai(settings: Settings) -> str:
         status, body = _get(url, settings.timeout)
     except OSError as exc:
         raise CheckFailed(f"{url}: {exc}", "Serve's proxy does not answer: docker compose logs head") from exc
+    if status == 401 and b"InvalidApiKey" in body:
+        return f"{url} answers (API keys are on: 401 without a key)"  # the router's own refusal
     if status != 200:
         raise CheckFailed(f"{url}: HTTP {status} {body[:200]!r}", "see the router's messages (argus logs)")
     try:

@@ -19,10 +19,10 @@ from typing import Any
 
 from reconciler import faults
 from reconciler.apply.jobs import stop_job, submit_job
-from reconciler.apply.serve import apply_serve
+from reconciler.apply.serve import RouterAuth, apply_serve
 from reconciler.backoff import Backoff
 from reconciler.builders.jobs import job_submission
-from reconciler.builders.serve import app_name, model_app_config
+from reconciler.builders.serve import app_name, model_access, model_app_config
 from reconciler.dashboard import Dashboard
 from reconciler.errors import (
     ApplyDeferred,
@@ -32,6 +32,7 @@ from reconciler.errors import (
     StatusBranchBlocked,
     TemporaryError,
 )
+from reconciler.observe.api_keys import daemon_key, key_hash
 from reconciler.observe.jobs import resume_point
 from reconciler.observe.serve import ServeObservation
 from reconciler.plan.actions import Action, ActionType, Plan
@@ -87,10 +88,19 @@ class Applied:
 
 
 class Applier:
-    """Applies plans to one Ray cluster (``secrets_env`` reach jobs; ``ownership_key`` signs them)."""
+    """Applies plans to one Ray cluster (``secrets_env`` reach jobs; ``ownership_key`` signs them;
+    ``api_keys`` returns the admin's keys, sha256 hex -> user, for the router: None, an open endpoint)."""
 
-    def __init__(self, dash: Dashboard, *, secrets_env: Mapping[str, str], ownership_key: bytes) -> None:
+    def __init__(
+        self,
+        dash: Dashboard,
+        *,
+        secrets_env: Mapping[str, str],
+        ownership_key: bytes,
+        api_keys: Callable[[], Mapping[str, str]] | None = None,
+    ) -> None:
         self.dash = dash
+        self.api_keys = api_keys
         self.secrets_env = dict(secrets_env)
         self.ownership_key = ownership_key
         self._refused: dict[_Attempt, str] = {}
@@ -316,8 +326,18 @@ class Applier:
             apps[name], holders[name] = app, key
             touched.append(key)
 
+        auth = None
+        if self.api_keys is not None:  # read on every tick: a new or revoked key reaches the router
+            auth = RouterAuth(
+                self.api_keys(),
+                model_access(desired.models.values(), desired.cluster),
+                daemon=key_hash(daemon_key(self.ownership_key)),
+            )
+
         def put() -> None:
-            out.serve_put = apply_serve(self.dash, list(apps.values()), serve, desired.cluster, memo=self._put_memo)
+            out.serve_put = apply_serve(
+                self.dash, list(apps.values()), serve, desired.cluster, memo=self._put_memo, auth=auth
+            )
 
         error = _try(put)
         if out.serve_put:

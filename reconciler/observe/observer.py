@@ -15,13 +15,15 @@ import time
 import urllib.parse
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from reconciler.dashboard import Dashboard
+from reconciler.observe.api_keys import daemon_key
 from reconciler.observe.capacity import observe_capacity
 from reconciler.observe.disk import DiskMeter
 from reconciler.observe.jobs import ForeignJob, observe_job_records
-from reconciler.observe.probe import ModelProber
+from reconciler.observe.probe import ModelProber, post_json
 from reconciler.observe.records import StatusRecords
 from reconciler.observe.serve import ServeObservation, observe_serve
 from reconciler.plan.actual import ActualJob, ActualModel, Capacity
@@ -140,7 +142,9 @@ class Observer:
         if self._prober is None or self._prober.serve_url != url.rstrip("/"):
             if self._prober is not None:
                 self._prober.close()
-            self._prober = ModelProber(url)
+            # The daemon's own key: with an API keys file the router answers no request without
+            # one (reconciler/serve_apps/router.py); without, it is not read.
+            self._prober = ModelProber(url, post=partial(post_json, api_key=daemon_key(self.ownership_key)))
         return self._prober
 
     def memo_sizes(self) -> dict[str, int]:

@@ -59,13 +59,16 @@ class Verdict:
 Poster = Callable[[str, Mapping[str, Any], float], tuple[int, str]]
 
 
-def post_json(url: str, body: Mapping[str, Any], timeout: float) -> tuple[int, str]:
-    """POST ``body`` as JSON; return ``(status, text)``, status 0 when nothing answered.
+def post_json(url: str, body: Mapping[str, Any], timeout: float, api_key: str | None = None) -> tuple[int, str]:
+    """POST ``body`` as JSON (with ``Authorization: Bearer <api_key>`` when given); return
+    ``(status, text)``, status 0 when nothing answered.
 
     Raises TimeoutError when the server accepted the request but did not answer in time.
     """
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
     req.add_header("Content-Type", "application/json")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return int(resp.status), resp.read(MAX_BODY_BYTES).decode(errors="replace")

@@ -33,21 +33,37 @@ claim one (an INVALID file keeps its old application), the earlier-deployed one 
 dated model id always wins over an alias. A request by alias reaches vLLM under the dated id
 (vLLM only knows that one), so responses name the dated id. A model id two applications claim
 is routed to the earlier-deployed one.
+
+Who may call what (API keys and access rules). With ``keys`` in the table (from the admin's
+keys file, ``argus run --api-keys``: the sha256 hex of each key and its user; never a key)
+every request names its caller with ``Authorization: Bearer <key>``: :meth:`ArgusIngress.caller`
+looks the key's sha256 up in a dict, once per request and in one place (what per-user limits
+and usage accounting hook into); no key, or one the table does not hold, is a 401. ``access``
+holds, per application, who besides its owner may call it (users or teams; null: everyone with a
+key) and ``teams`` each user's team; :func:`may_call` decides. A model the caller may not call is
+answered exactly as one that does not exist (404, no Serve read, same message) and is left out of
+``/v1/models``: private models' names never reach other users. Without ``keys`` the endpoint is
+open, as before keys existed: every model answers every client, and ``access`` is not enforced.
+All of it is in memory, rebuilt on each ``reconfigure()``: a request costs dict lookups and one
+sha256, never a call to Serve or another actor.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from fastapi import Request
 from fastapi import status as http_status
 from ray import serve
 from ray.llm._internal.serve.core.configs.openai_api_models import OpenAIHTTPException, to_model_metadata
+from ray.llm._internal.serve.utils.server_utils import replace_prefix
 from ray.serve.deployment import Application
 from ray.serve.handle import DeploymentHandle
 from ray.serve.llm.ingress import OpenAiIngress, make_fastapi_ingress
@@ -66,6 +82,10 @@ LLM_CONFIG_TIMEOUT_S = 10.0  # bound on asking a new model's replica for its LLM
 MAX_TABLE_ENTRIES = 100_000  # entries past this are ignored (and logged)
 MAX_FIELD_CHARS = 512  # an entry with a longer field is ignored
 ALIAS_KEY = "argus_alias"  # in LLMConfig.experimental_configs (reconciler/builders/serve.py)
+MAX_KEYS = 100_000  # keys past this are ignored (and logged)
+MAX_ACCESS_NAMES = 1_000  # names past this in one model's access list are ignored (and logged)
+EVERYONE = "*"  # in an access list: everyone with a key
+BEARER = "bearer "  # the Authorization scheme, compared case-insensitively (RFC 7235)
 
 
 @dataclass(frozen=True)
@@ -87,6 +107,98 @@ class Route:
     handle: DeploymentHandle
     card: Any  # ModelCard of the dated id
     alias_card: Any  # ModelCard of the alias, or None
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Whose key a request carries: the key file's user and her team (None: in no team)."""
+
+    user: str
+    team: str | None
+    daemon: bool = False  # the daemon's own key (it probes every model): may call every model
+
+
+@dataclass(frozen=True)
+class Auth:
+    """The table's access part. ``keys``: sha256 hex of a key -> its user (None: no keys file, the
+    endpoint is open); ``access``: app name -> who besides its owner may call it (None: everyone
+    with a key; an app absent here: its owner only); ``teams``: user -> team."""
+
+    keys: dict[str, str] | None = None
+    access: dict[str, frozenset[str] | None] = field(default_factory=dict)
+    teams: dict[str, str] = field(default_factory=dict)
+    daemon: str | None = None  # sha256 hex of the daemon's own key
+
+
+DAEMON = Caller("", None, daemon=True)
+
+
+def may_call(caller: Caller, owner: str, access: frozenset[str] | None) -> bool:
+    """True when ``caller`` may call a model of ``owner`` whose access list is ``access``. Pure.
+
+    The owner and the daemon always may; ``access`` None (or holding EVERYONE) lets every caller;
+    else the caller's user name or team must be in it.
+    """
+    if caller.daemon or access is None or caller.user == owner or caller.user in access:
+        return True
+    return (caller.team is not None and caller.team in access) or EVERYONE in access
+
+
+def parse_auth(config: Any) -> tuple[Auth, list[str]]:
+    """Return ``(auth, problems)`` of a router ``user_config``'s ``keys``, ``access`` and ``teams``.
+
+    Pure. Fails closed: a malformed ``keys`` (present but not a mapping) admits no key at all, a
+    malformed access list lets the owner only, a malformed key or team row is skipped; each is
+    described in ``problems``. Never raises.
+    """
+    if not isinstance(config, dict):
+        return Auth(), []
+    problems: list[str] = []
+    keys: dict[str, str] | None = None
+    raw_keys = config.get("keys")
+    if raw_keys is not None:
+        keys = {}
+        if not isinstance(raw_keys, dict):
+            problems.append("keys is not a mapping: every request is refused")
+        else:
+            for digest, user in list(raw_keys.items())[:MAX_KEYS]:
+                if _is_sha256(digest) and isinstance(user, str) and 0 < len(user) <= MAX_FIELD_CHARS:
+                    keys[digest] = user
+                else:
+                    problems.append(f"keys: an entry of {str(user)[:40]!r} is not a sha256 hex and a user: skipped")
+            if len(raw_keys) > MAX_KEYS:
+                problems.append(f"{len(raw_keys)} keys: only the first {MAX_KEYS} are accepted")
+    access: dict[str, frozenset[str] | None] = {}
+    raw_access = config.get("access", {})
+    if not isinstance(raw_access, dict):
+        problems.append("access is not a mapping: every model is its owner's only")
+        raw_access = {}
+    for app, names in raw_access.items():
+        if names is None:
+            access[str(app)] = None
+        elif isinstance(names, list) and all(isinstance(n, str) for n in names):
+            if len(names) > MAX_ACCESS_NAMES:
+                problems.append(f"access of {app}: only the first {MAX_ACCESS_NAMES} names are read")
+            access[str(app)] = frozenset(names[:MAX_ACCESS_NAMES])
+        else:
+            problems.append(f"access of {app} is not a list of names: its owner's only")
+    teams: dict[str, str] = {}
+    raw_teams = config.get("teams", {})
+    if isinstance(raw_teams, dict):
+        teams = {u: t for u, t in raw_teams.items() if isinstance(u, str) and isinstance(t, str)}
+        if len(teams) != len(raw_teams):
+            problems.append("teams: entries that are not user -> team names skipped")
+    else:
+        problems.append("teams is not a mapping: nobody is in a team")
+    daemon = config.get("daemon")
+    if daemon is not None and not _is_sha256(daemon):
+        problems.append("daemon is not a sha256 hex: the daemon's probes are refused")
+        daemon = None
+    return Auth(keys, access, teams, daemon if keys is not None else None), problems
+
+
+def _is_sha256(digest: object) -> bool:
+    return isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
 
 
 def parse_table(config: Any) -> tuple[dict[str, Entry], float, list[str]]:
@@ -168,6 +280,9 @@ class ArgusIngress(OpenAiIngress):
         self._aliases: dict[str, str] = {}  # alias -> model id
         self._alias_cards: dict[str, Any] = {}  # alias -> ModelCard
         self._refused: set[str] = set()  # apps whose model id or alias another app holds
+        self._app_of: dict[str, str] = {}  # routed model id or alias -> app name
+        self._tabled_apps: dict[str, set[str]] = {}  # every tabled model id and alias -> the apps claiming it
+        self._auth = Auth()
         self._refresh_s = SAFETY_REFRESH_S
         self._read: _Read | None = None  # the last read of Serve started (or waiting for its turn)
         self._read_ended = float("-inf")  # monotonic end of the last read, whether it succeeded or not
@@ -185,10 +300,18 @@ class ArgusIngress(OpenAiIngress):
         and the update never waits on the Serve controller.
         """
         table, refresh, problems = parse_table(user_config)
+        auth, auth_problems = parse_auth(user_config)
+        problems += auth_problems
         for problem in problems[:10]:  # bounded: a huge bad table logs ten lines, not one per row
             logger.warning("argus router: %s", problem)
         self._table, self._refresh_s = table, refresh
         self._tabled_names = {e.model_id for e in table.values()} | {e.alias for e in table.values() if e.alias}
+        self._tabled_apps = {}
+        for entry in table.values():
+            for name in (entry.model_id, entry.alias):
+                if name:
+                    self._tabled_apps.setdefault(name, set()).add(entry.app)
+        self._auth = auth
         for app in [a for a, r in self._routes.items() if table.get(a) != r.entry]:
             self._routes.pop(app)
             logger.info("argus router: dropped application %s (no longer in the table)", app)
@@ -304,6 +427,7 @@ class ArgusIngress(OpenAiIngress):
         self._model_cards = {m: r.card for m, r in ids.items()}
         self._aliases = {a: r.entry.model_id for a, r in aliases.items()}
         self._alias_cards = {a: r.alias_card for a, r in aliases.items()}
+        self._app_of = {m: r.entry.app for m, r in ids.items()} | {a: r.entry.app for a, r in aliases.items()}
         for app in refused - self._refused:  # once, not every refresh
             logger.warning("argus router: a model id or alias of %s is taken; not routed", app)
         self._refused = refused
@@ -331,22 +455,74 @@ class ArgusIngress(OpenAiIngress):
             raise _unavailable(model)
         return known
 
+    def caller(self, request: Any) -> Caller | None:
+        """Whose key ``request`` (a Starlette request; None: not an HTTP call) carries: the one
+        place a request's user and team are known. Returns None when the endpoint is open (no keys
+        file). Raises InvalidApiKey (401) for no key or one the table does not hold.
+
+        Cost: one sha256 of the key and two dict lookups (the key is random, so looking its hash up
+        in a dict leaks nothing a constant-time comparison would hide)."""
+        keys = self._auth.keys
+        if keys is None:
+            return None
+        header = request.headers.get("authorization", "") if request is not None else ""
+        if header[: len(BEARER)].lower() != BEARER:
+            raise _unauthorized("No API key provided: send `Authorization: Bearer <key>`.")
+        key = header[len(BEARER) :].strip()
+        digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+        user = keys.get(digest)
+        if user is None:
+            if digest == self._auth.daemon:
+                return DAEMON
+            raise _unauthorized("Incorrect API key provided.")
+        return Caller(user, self._auth.teams.get(user))
+
+    def _may_call_app(self, caller: Caller | None, app: str) -> bool:
+        if caller is None:
+            return True  # no keys file: open, as before keys existed
+        owner = _owner(app)
+        return owner is not None and may_call(caller, owner, self._auth.access.get(app, frozenset()))
+
+    def _visible(self, caller: Caller | None, model: str) -> bool:
+        """True when ``caller`` may call what ``model`` names: the app it is routed to, else (not
+        routable yet) one tabled app claiming it. A name nothing tables is not visible either."""
+        if caller is None:
+            return True
+        app = self._app_of.get(model)
+        if app is not None:
+            return self._may_call_app(caller, app)
+        return any(self._may_call_app(caller, a) for a in self._tabled_apps.get(model, ()))
+
     def _get_response(self, *, body: Any, call_method: str, raw_request: Any = None) -> AsyncIterator[Any]:
-        """Route a request by alias as if it named the dated id (vLLM serves only that name).
+        """Check the caller's key and access, then route a request by alias as if it named the
+        dated id (vLLM serves only that name). Raises InvalidApiKey (401); ModelNotFound (404)
+        for a model the caller may not call, exactly as for one that does not exist.
 
         A plain function returning the stream: a request for a routable name gets Ray's
         generator itself, with no extra generator hop per streamed chunk.
         """
+        caller = self.caller(raw_request)
         model = body.model
+        if model is None and caller is not None:
+            # Ray's default picks the only model or lists them all in its error: neither may
+            # happen for a caller who may not see them.
+            raise _model_required()
+        if model is not None and not self._visible(caller, model):
+            raise _not_found(model)
         if model is None or model in self._model_cards:
             return super()._get_response(body=body, call_method=call_method, raw_request=raw_request)
         if model in self._aliases:
             body = body.model_copy(update={"model": self._aliases[model]})
             return super()._get_response(body=body, call_method=call_method, raw_request=raw_request)
-        return self._get_response_after_refresh(body=body, call_method=call_method, raw_request=raw_request)
+        return self._get_response_after_refresh(
+            body=body, call_method=call_method, raw_request=raw_request, caller=caller
+        )
 
-    async def _get_response_after_refresh(self, *, body: Any, call_method: str, raw_request: Any) -> AsyncIterator[Any]:
-        if not await self._known(body.model):
+    async def _get_response_after_refresh(
+        self, *, body: Any, call_method: str, raw_request: Any, caller: Caller | None
+    ) -> AsyncIterator[Any]:
+        # Visible again after the read: the name may now route to an app the caller may not call.
+        if not await self._known(body.model) or not self._visible(caller, body.model):
             raise _not_found(body.model)  # here, not in _get_model_id: that would wait for a second read
         target = self._aliases.get(body.model, body.model)
         if target != body.model:
@@ -367,13 +543,28 @@ class ArgusIngress(OpenAiIngress):
             raise _not_found(model)
         return await super()._get_model_id(model)
 
-    async def models(self) -> Any:
-        """Every dated model id, then every alias (``/v1/models``); a tabled model not listed yet
-        (its replica starting) costs one Serve read at most every MISS_REFRESH_MIN_S."""
+    async def model_data(self, model: str, request: Request) -> Any:
+        """``/v1/models/<name>``: the card of a dated id or alias the caller may call. Raises
+        InvalidApiKey (401), ModelNotFound (404) for a name not routable or not the caller's to
+        call (one answer for both: a private model's name is never confirmed)."""
+        caller = self.caller(request)
+        name = replace_prefix(model)  # as Ray's own: `--` in a URL segment stands for `/`
+        card = await self.model(name) if self._visible(caller, name) else None
+        if card is None or not self._visible(caller, name):
+            raise _not_found(name)
+        return card
+
+    async def models(self, request: Request) -> Any:
+        """Every dated model id, then every alias (``/v1/models``) the caller may call; a tabled
+        model not listed yet (its replica starting) costs one Serve read at most every
+        MISS_REFRESH_MIN_S. Raises InvalidApiKey (401)."""
+        caller = self.caller(request)
         if len(self._routes) < len(self._table):  # a failed read lists what this replica knows
             await self._read_since(max(time.monotonic() - MISS_REFRESH_MIN_S, self._table_at))
         listing = await super().models()
         listing.data.extend(self._alias_cards.values())
+        if caller is not None:
+            listing.data = [card for card in listing.data if self._visible(caller, card.id)]
         return listing
 
 
@@ -394,6 +585,28 @@ def _unavailable(model: str) -> OpenAIHTTPException:
         message=f"The router cannot tell yet whether `{model}` is ready; retry.",
         type="ServiceUnavailable",
     )
+
+
+class InvalidApiKey(OpenAIHTTPException):
+    """No key, or one the keys file does not hold; the class name is the error's type."""
+
+
+def _unauthorized(message: str) -> InvalidApiKey:
+    return InvalidApiKey(status_code=http_status.HTTP_401_UNAUTHORIZED, message=message, type="InvalidApiKey")
+
+
+def _model_required() -> OpenAIHTTPException:
+    return OpenAIHTTPException(
+        status_code=http_status.HTTP_400_BAD_REQUEST,
+        message="The `model` field is required.",
+        type="BadRequest",
+    )
+
+
+def _owner(app_name: str) -> str | None:
+    """The user of an argus application name (``argus--<user>--<name>``), else None."""
+    parts = app_name[len(OWNED_PREFIX) :].split("--") if app_name.startswith(OWNED_PREFIX) else []
+    return parts[0] if len(parts) == 2 and all(parts) else None
 
 
 def _not_found(model: str) -> ModelNotFound:

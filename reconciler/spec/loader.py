@@ -469,6 +469,8 @@ def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
     serving_data = dict(data.get("serving", {}))
     if "router" in serving_data:
         serving_data["router"] = RouterSettings(**serving_data["router"])
+    if serving_data.get("default_access") is not None:
+        serving_data["default_access"] = tuple(serving_data["default_access"])
     serving = Serving(**serving_data)
     training_data = dict(data.get("training", {}))
     if "driver_resources" in training_data:
@@ -525,9 +527,28 @@ def _quota(data: Mapping[str, Any] | None) -> dict[str, float]:
     return {names[k]: float(v) for k, v in (data or {}).items()}
 
 
+def access_issues(doc: Document, where: tuple[str | int, ...], cluster: ClusterSpec, names: object) -> list[Issue]:
+    """An access list's names that are neither a user nor a team of ``cluster`` (checked only when
+    cluster.yaml declares its users: an open cluster's users are not known), one path:line issue
+    each. A typo would silently keep out the user it meant. Pure."""
+    if not isinstance(names, list) or cluster.users is None:
+        return []
+    known = set(cluster.users) | set(cluster.teams) | {"*"}
+    return [
+        _at(doc, (*where, i), f"{name!r} is neither a user nor a team in cluster.yaml")
+        for i, name in enumerate(names)
+        if isinstance(name, str) and name not in known
+    ]
+
+
 def scheduling_issues(cluster: ClusterSpec, doc: Document) -> list[Issue]:
     """Cross-references of teams and priority classes the schema cannot check, as path:line issues."""
     out: list[Issue] = []
+    out.extend(
+        access_issues(
+            doc, ("serving", "default_access"), cluster, (doc.data.get("serving") or {}).get("default_access")
+        )
+    )
     classes = cluster.priority_classes
     seen: dict[str, str] = {}
     for name, team in sorted(cluster.teams.items()):
@@ -654,7 +675,9 @@ def _model(
         alias_field=alias_field,
         alias_line=alias_line,
         size_line=size_line(doc, ("replicas", "gpus_per_replica"), line),
+        access=tuple(data["access"]) if isinstance(data.get("access"), list) else None,
     )
+    issues.extend(access_issues(doc, ("access",), cluster, data.get("access")))
     if model_check is not None:
         # vLLM's table judges only what argus's own rules let through (a refused key is reported once).
         refused_keys = {where[1] for where, _ in refused if where[0] == "engine_kwargs" and len(where) > 1}

@@ -130,6 +130,9 @@ class Serving:
     # Code in a model folder would run in the replica with the cluster's credentials.
     allow_trust_remote_code: bool = False
     router: RouterSettings = field(default_factory=RouterSettings)
+    # Who may call a model whose file has no `access:` (users or teams; "*": everyone with a key).
+    # None: everyone with an API key. Enforced only with a keys file (argus daemon --api-keys).
+    default_access: tuple[str, ...] | None = None
 
 
 # verl tasks save every this many optimizer steps unless cluster.yaml says otherwise: what a preempted
@@ -272,6 +275,10 @@ class ModelSpec:
     # Line of what sizes the request (`replicas`/`gpus_per_replica`, the first written; `source`
     # without them), for quota messages.
     size_line: int = 1
+    # `access:` as written: who besides the owner may call it through the router (users or teams;
+    # "*": everyone with a key). None: cluster.yaml's serving.default_access. Not hashed: the router
+    # learns a change in place, the model's replicas never restart for it.
+    access: tuple[str, ...] | None = None
 
     @property
     def served_name(self) -> str:
@@ -281,6 +288,13 @@ class ModelSpec:
     def alias(self) -> str:
         """The stable OpenAI name: ``served_name:`` of the file, else ``<user>-<name>``."""
         return self.alias_field or f"{self.key.user}-{self.key.name}"
+
+    def access_in(self, cluster: ClusterSpec) -> tuple[str, ...] | None:
+        """Who besides the owner may call this model (users or teams) under ``cluster``: its
+        ``access:``, else ``serving.default_access``; None (or a list holding "*"): everyone with
+        an API key."""
+        access = self.access if self.access is not None else cluster.serving.default_access
+        return None if access is None or "*" in access else access
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,186 @@
+"""API keys per user and model access rules (issue 33 items 1 and 2) through the official OpenAI
+client on a real Serve.
+
+The admin's keys file holds alice's and bob's key hashes; every ``argus reconcile --once`` gets it
+with ``--api-keys``. Alice deploys a tiny model with ``access: []`` (hers only). Through the router:
+no key or a wrong one is a 401 with an OpenAI-shaped error body; alice's key lists and calls her
+model; bob's key gets 404 for it exactly as for a model that does not exist, and does not see it
+in ``/v1/models`` (nor by ``/v1/models/<name>``). Alice then opens it (``access: ['*']``): bob's
+calls answer 200 and no replica restarts. Last, the admin removes bob's line: his key is a 401.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reconciler.builders.serve import ROUTER_APP, app_name
+from reconciler.dashboard import Dashboard
+from reconciler.observe.serve import observe_serve
+from reconciler.testing.ray_head import RayHead
+from tests.support import ConfigRepo, cluster_yaml, model_yaml, remove_apps, wait_for
+
+pytestmark = pytest.mark.e2e
+
+TINY = "argus-test/tiny-llama"
+DEPLOY_TIMEOUT_S = 900.0  # a vLLM load on a loaded 2-core machine
+QUESTION = [{"role": "user", "content": "Say hello"}]
+ALICE_KEY, BOB_KEY = "sk-argus-e2e-alice-3f9c2a7d1b", "sk-argus-e2e-bob-8e41d0c6a2"
+MODEL = "users/alice/models/secret.yaml"
+
+
+def sha(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass
+class Env:
+    repo: ConfigRepo
+    head: RayHead
+    dash: Dashboard
+    keys: Path
+
+    def reconcile(self) -> dict[str, Any]:
+        cmd = [sys.executable, "-m", "reconciler.cli", "reconcile", "--once", "--repo", str(self.repo.bare)]
+        cmd += ["--ray", self.head.dashboard_url, "--format", "json", "--api-keys", str(self.keys)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        try:
+            doc: dict[str, Any] = json.loads(proc.stdout)
+        except ValueError as exc:
+            raise AssertionError(f"no JSON (rc {proc.returncode}): {proc.stdout}\n{proc.stderr}") from exc
+        assert proc.returncode == 0, (doc, proc.stderr)
+        return doc
+
+    def client(self, key: str) -> Any:
+        from openai import OpenAI
+
+        return OpenAI(base_url=f"http://127.0.0.1:{self.head.serve_port}/v1", api_key=key, max_retries=0)
+
+    def raw(self, path: str, key: str | None) -> tuple[int, dict[str, Any]]:
+        """GET ``path`` of the endpoint: ``(status, JSON body)``."""
+        req = urllib.request.Request(f"http://127.0.0.1:{self.head.serve_port}{path}")
+        if key is not None:
+            req.add_header("Authorization", f"Bearer {key}")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return int(resp.status), json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), json.loads(exc.read())
+
+
+@pytest.fixture(scope="module")
+def env(ray_head: RayHead, tiny_llama: Path, hf_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    root = tmp_path_factory.mktemp("keys")
+    users = root / "users"
+    for user in ("alice", "bob"):
+        (users / user).mkdir(parents=True)
+    keys = root / "api-keys"  # the admin's file, outside the repository
+    keys.write_text(f"# user  sha256 of the key\nalice {sha(ALICE_KEY)}\nbob {sha(BOB_KEY)}\n")
+    repo = ConfigRepo(root)
+    repo.write("cluster.yaml", cluster_yaml(hf_cache, users, ray_head.serve_port, users={"alice": {}, "bob": {}}))
+    repo.commit_push("cluster")
+    dash = Dashboard(ray_head.dashboard_url)
+    try:
+        yield Env(repo, ray_head, dash, keys)
+    finally:
+        # The router too: the next module's reconcile deploys it again without keys (an open endpoint).
+        remove_apps(dash, lambda name: name.startswith("argus--alice--") or name == ROUTER_APP)
+
+
+def listed(client: Any) -> set[str]:
+    return {m.id for m in client.models.list().data}
+
+
+def answer(client: Any, model: str) -> str:
+    reply = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=8, temperature=0)
+    return str(reply.choices[0].message.content)
+
+
+def test_keys_and_a_private_model(env: Env) -> None:
+    import openai
+
+    env.repo.write(MODEL, model_yaml(TINY, access=[]))
+    env.repo.commit_push("alice: a private model")
+
+    def running() -> dict[str, Any] | None:
+        objs = {o["object"]: o for o in env.reconcile().get("objects", [])}
+        secret = objs.get("alice/models/secret")
+        # RUNNING needs one real answer through the router: the daemon's own key was accepted.
+        return secret if secret and secret["state"] == "RUNNING" and secret["replicas"]["ready"] == 1 else None
+
+    secret = wait_for(running, "alice's private model RUNNING", timeout=DEPLOY_TIMEOUT_S, every=3)
+    dated, alias = secret["served_name"], secret["alias"]
+    alice, bob = env.client(ALICE_KEY), env.client(BOB_KEY)
+    wait_for(lambda: {dated, alias} <= listed(alice), "the router to list alice's model to her", timeout=60)
+
+    # No key, or a wrong one: 401, with an OpenAI-shaped error body.
+    for key in (None, "sk-wrong"):
+        status, body = env.raw("/v1/models", key)
+        assert status == 401, (key, status, body)
+        assert isinstance(body.get("error"), dict) and {"message", "type", "code"} <= body["error"].keys(), body
+    with pytest.raises(openai.AuthenticationError):
+        env.client("sk-wrong").chat.completions.create(model=alias, messages=QUESTION, max_tokens=2)
+
+    # Alice: her model answers.
+    assert answer(alice, alias)
+    assert alice.models.retrieve(alias).id == alias
+
+    # Bob: 404 as for a model that does not exist, and not listed.
+    names = listed(bob)
+    assert dated not in names and alias not in names
+    for name in (alias, dated, "alice-does-not-exist"):
+        with pytest.raises(openai.NotFoundError) as refused:
+            answer(bob, name)
+        assert refused.value.status_code == 404
+        status, body = env.raw(f"/v1/models/{name}", BOB_KEY)
+        assert status == 404 and body["error"]["type"] == "ModelNotFound", body
+    status, missing = env.raw("/v1/models/alice-does-not-exist", BOB_KEY)
+    status, private = env.raw(f"/v1/models/{alias}", BOB_KEY)
+    assert _shape(private, alias) == _shape(missing, "alice-does-not-exist")
+
+    # Alice opens her model: bob's calls answer, in place (no replica restarts).
+    before = observe_serve(env.dash).replica_ids.get(app_name("alice", "secret"))
+    env.repo.write(MODEL, model_yaml(TINY, access=["*"]))
+    env.repo.commit_push("alice: open the model to everyone with a key")
+    # Every router replica takes the new table in place; six listings in a row reach both (two) of them.
+    wait_for(
+        lambda: env.reconcile() and all(alias in listed(bob) for _ in range(6)),
+        "bob to see alice's open model",
+        timeout=120,
+        every=2,
+    )
+    assert answer(bob, alias)
+    assert observe_serve(env.dash).replica_ids.get(app_name("alice", "secret")) == before
+
+    # The admin revokes bob's key: the next reconcile pushes it to the router.
+    env.keys.write_text(f"alice {sha(ALICE_KEY)}\n")
+
+    def refused() -> bool:
+        env.reconcile()
+        refusals = 0
+        for _ in range(6):
+            try:
+                listed(bob)
+            except openai.AuthenticationError:
+                refusals += 1
+        return refusals == 6
+
+    wait_for(refused, "bob's revoked key to be refused", timeout=120, every=2)
+    assert answer(alice, alias)
+
+
+def _shape(body: dict[str, Any], name: str) -> tuple[Any, ...]:
+    """An error body with the model name and the request id taken out: what a client can compare."""
+    error = body["error"]
+    message = str(error["message"]).replace(name, "<name>").split("(Request ID")[0]
+    return error["type"], error.get("code"), message
