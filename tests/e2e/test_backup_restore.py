@@ -106,11 +106,18 @@ def test_a_restored_daemon_reruns_nothing(ray_head: RayHead, hf_cache: Path, tmp
         assert after.get("state") == "SUCCEEDED" and after.get("submission_id") == before.get("submission_id")
         assert after == before, "the task's status changed"
         # With the key and anchors restored, its job is argus's own, its records and lease are trusted:
-        # nothing to report, so no status commit (a lost key shows as foreign_job / lease_forged and commits).
+        # nothing to report (a lost key shows as foreign_job / lease_forged and rewrites records). The only
+        # status commit allowed is the cluster's capacity in actual.json: the Ray head is shared with other
+        # tests, whose actors may have freed a CPU since the backup.
         log = second.log()
-        for sign in ("foreign_job", "forged", "no longer in the repository", "does not descend", "status_commit"):
+        for sign in ("foreign_job", "forged", "no longer in the repository", "does not descend"):
             assert sign not in log, log
-        assert git(new_repo, "rev-parse", "argus/status").strip() == restored_status
+        changed = git(new_repo, "diff", "--name-only", restored_status, "argus/status").split()
+        assert set(changed) <= {"actual.json"}, changed
+        if changed:
+            diff = git(new_repo, "diff", "-U0", restored_status, "argus/status", "--", "actual.json")
+            edits = [line for line in diff.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+            assert all('"capacity":' in line for line in edits), diff
     finally:
         second.stop()
 
