@@ -28,8 +28,8 @@ from tests.support import ConfigRepo, git, two_teams, wait_for
 
 pytestmark = pytest.mark.e2e
 
-ALICE = "users/alice/tasks/train.yaml"
-BOB = "users/bob/tasks/job.yaml"
+ALICE = "users/alice/tasks/blocked-train.yaml"
+BOB = "users/bob/tasks/blocked-job.yaml"
 
 
 @pytest.fixture()
@@ -70,8 +70,9 @@ def healthz(daemon: DaemonProc) -> tuple[int, dict[str, Any]]:
 
 
 def jobs(dash: Dashboard, user: str) -> dict[str, str]:
-    """This test's runs of ``user`` (the Ray head is shared: other tests' alice and bob ran other tasks)."""
-    task = {"alice": "train", "bob": "job"}[user]
+    """This test's runs of ``user``: the Ray head is shared, and other tests ran tasks of alice and bob (of
+    other names: these are this module's own)."""
+    task = {"alice": "blocked-train", "bob": "blocked-job"}[user]
     return {
         str(j["submission_id"]): str(j["status"])
         for j in dash.get("/api/jobs/")
@@ -124,10 +125,12 @@ def test_a_blocked_status_branch_is_reported_and_preempts_nothing(
     )
     why = health["status_branch"]
     assert "the status branch argus/status cannot be created in the repository: the branch argus" in why, health
-    wait_for(lambda: log_errors(daemon, "bob/tasks/job"), "bob's task's reason in the log", timeout=60)
-    assert log_errors(daemon, "bob/tasks/job")[0] == f"not submitted: {why}"
-    held = wait_for(lambda: log_errors(daemon, "alice/tasks/train"), "alice's held preemption in the log", timeout=60)
-    assert held[0] == f"not preempted for bob/tasks/job: {why}"
+    wait_for(lambda: log_errors(daemon, "bob/tasks/blocked-job"), "bob's task's reason in the log", timeout=60)
+    assert log_errors(daemon, "bob/tasks/blocked-job")[0] == f"not submitted: {why}"
+    held = wait_for(
+        lambda: log_errors(daemon, "alice/tasks/blocked-train"), "alice's held preemption in the log", timeout=60
+    )
+    assert held[0] == f"not preempted for bob/tasks/blocked-job: {why}"
     for _ in range(5):  # several ticks (one a second): alice keeps running, bob is never submitted
         assert jobs(dash, "alice") == {alice: "RUNNING"} and not jobs(dash, "bob")
         time.sleep(1)
@@ -145,7 +148,7 @@ def test_a_blocked_status_branch_is_reported_and_preempts_nothing(
         "alice PREEMPTED on the status branch",
         timeout=120,
     )
-    assert doc.get("preempted_by") == "bob/tasks/job", doc
+    assert doc.get("preempted_by") == "bob/tasks/blocked-job", doc
     (bob,) = jobs(dash, "bob")
     recorded = read_documents(str(repo.bare), "argus/status")[BOB]["runs"]
     assert [r["submission_id"] for r in recorded] == [bob]
