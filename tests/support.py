@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -322,3 +322,34 @@ def ticker(source: Any, branch: str, dash: Any, **options: Any) -> Ticker:
     from reconciler.daemon import build_parts
 
     return Ticker(build_parts(source, branch, dash, **options))
+
+
+def stop_users_runs(dash: Dashboard, users: Collection[str], timeout: float = 120.0) -> None:
+    """Stop every PENDING or RUNNING job of ``users`` on the shared Ray head and wait until they
+    stopped: the next test on that head counts on their GPUs being free again."""
+    from reconciler.apply.jobs import stop_job
+
+    stopping = []
+    for job in dash.get("/api/jobs/"):
+        meta = job.get("metadata") or {}
+        if meta.get("argus-user") in users and job.get("status") in ("PENDING", "RUNNING"):
+            stop_job(dash, str(job["submission_id"]))
+            stopping.append(str(job["submission_id"]))
+    wait_for(
+        lambda: (
+            not any(
+                j.get("status") in ("PENDING", "RUNNING")
+                for j in dash.get("/api/jobs/")
+                if j["submission_id"] in stopping
+            )
+        ),
+        "the runs of " + ", ".join(sorted(users)) + " to stop",
+        timeout=timeout,
+    )
+
+
+def ssh_key(folder: Path, who: str) -> tuple[Path, str]:
+    """A fresh ed25519 key pair ``folder/who`` (commented ``who``): ``(private key path, public key line)``."""
+    path = folder / who
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", who, "-f", str(path)], check=True)
+    return path, Path(f"{path}.pub").read_text().strip()

@@ -19,12 +19,11 @@ from typing import Any
 
 import pytest
 
-from reconciler.apply.jobs import stop_job
 from reconciler.dashboard import Dashboard
 from reconciler.status.branch import read_documents
 from reconciler.testing.ray_head import RayHead
 from tests.e2e.test_daemon import DaemonProc
-from tests.support import ConfigRepo, model_yaml, remove_apps, two_teams, wait_for
+from tests.support import ConfigRepo, model_yaml, remove_apps, stop_users_runs, two_teams, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -73,10 +72,7 @@ def daemon(ray_head: RayHead, tmp_path: Path) -> Iterator[DaemonProc]:
         yield proc
     finally:
         proc.stop()
-        for job in dash.get("/api/jobs/"):
-            meta = job.get("metadata") or {}
-            if meta.get("argus-user") == "alice" and job.get("status") in ("PENDING", "RUNNING"):
-                stop_job(dash, str(job["submission_id"]))
+        stop_users_runs(dash, ("alice",))
         remove_apps(dash, lambda name: name.startswith("argus--bob--"))
 
 

@@ -19,12 +19,11 @@ from typing import Any
 
 import pytest
 
-from reconciler.apply.jobs import stop_job
 from reconciler.dashboard import Dashboard
 from reconciler.status.branch import read_documents
 from reconciler.testing.ray_head import RayHead
 from tests.e2e.test_daemon import DaemonProc
-from tests.support import ConfigRepo, git, two_teams, wait_for
+from tests.support import ConfigRepo, git, stop_users_runs, two_teams, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -41,24 +40,7 @@ def daemon(ray_head: RayHead, tmp_path: Path) -> Iterator[DaemonProc]:
         yield proc
     finally:
         proc.stop()
-        stopping = []
-        for job in dash.get("/api/jobs/"):
-            meta = job.get("metadata") or {}
-            if meta.get("argus-user") in ("alice", "bob") and job.get("status") in ("PENDING", "RUNNING"):
-                stop_job(dash, str(job["submission_id"]))
-                stopping.append(str(job["submission_id"]))
-        # The next test on this shared head counts on the GPUs being free again.
-        wait_for(
-            lambda: (
-                not any(
-                    j.get("status") in ("PENDING", "RUNNING")
-                    for j in dash.get("/api/jobs/")
-                    if j["submission_id"] in stopping
-                )
-            ),
-            "this test's runs stopped",
-            timeout=120,
-        )
+        stop_users_runs(dash, ("alice", "bob"))
 
 
 def healthz(daemon: DaemonProc) -> tuple[int, dict[str, Any]]:

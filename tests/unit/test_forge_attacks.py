@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import git
-from tests.unit.test_forge_merges import Forge, _key
+from tests.support import git, ssh_key
+from tests.unit.test_forge_merges import Forge
 
 B = "users/bob/models/b.yaml"
 A = "users/alice/models/a.yaml"
@@ -31,7 +31,7 @@ class Mallory(Forge):
 
     def __init__(self, tmp: Path) -> None:
         super().__init__(tmp)
-        self.keys["mallory"] = _key(tmp, "mallory")
+        self.keys["mallory"] = ssh_key(tmp, "mallory")
         self.signers.write_text("".join(f"{who} {key}\n" for who, (_p, key) in self.keys.items()))
 
     def publish(self, head: str) -> str:

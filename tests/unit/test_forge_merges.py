@@ -20,16 +20,10 @@ from reconciler.source.forge import MAX_PR_COMMITS
 from reconciler.source.git import GitRepo
 from reconciler.source.remote import open_source
 from reconciler.source.signatures import SignatureVerifier, SigningPolicy, TrustedTree
-from tests.support import git
+from tests.support import git, ssh_key
 
 T0 = 1767225600
 PULLS = "refs/pull/*/head"
-
-
-def _key(tmp: Path, who: str) -> tuple[Path, str]:
-    path = tmp / who
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", who, "-f", str(path)], check=True)
-    return path, Path(f"{path}.pub").read_text().strip()
 
 
 class Forge:
@@ -39,7 +33,7 @@ class Forge:
         self.tmp = tmp
         self.path = tmp / "repo"
         git(tmp, "init", "-q", "-b", "main", str(self.path))
-        self.keys = {who: _key(tmp, who) for who in ("root", "alice", "bob", "github")}
+        self.keys = {who: ssh_key(tmp, who) for who in ("root", "alice", "bob", "github")}
         self.signers = tmp / "allowed_signers"
         self.signers.write_text("".join(f"{who} {key}\n" for who, (_p, key) in self.keys.items()))
         self.n = 0

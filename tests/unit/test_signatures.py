@@ -16,15 +16,9 @@ import pytest
 from reconciler.errors import ConfigError
 from reconciler.source.git import GitRepo
 from reconciler.source.signatures import SignatureVerifier, SigningPolicy, TrustedTree
-from tests.support import git
+from tests.support import git, ssh_key
 
 T0 = 1767225600
-
-
-def _key(tmp: Path, who: str) -> tuple[Path, str]:
-    path = tmp / who
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", who, "-f", str(path)], check=True)
-    return path, Path(f"{path}.pub").read_text().strip()
 
 
 class Repo:
@@ -32,7 +26,7 @@ class Repo:
         self.tmp = tmp
         self.path = tmp / "repo"
         git(tmp, "init", "-q", "-b", "main", str(self.path))
-        self.keys = {who: _key(tmp, who) for who in ("root", "carol", "mallory")}
+        self.keys = {who: ssh_key(tmp, who) for who in ("root", "carol", "mallory")}
         self.signers = tmp / "allowed_signers"  # outside the repository
         self.signers.write_text("".join(f"{who} {self.keys[who][1]}\n" for who in ("root", "carol")))
         self.state = tmp / "state" / "trust.json"
