@@ -14,12 +14,19 @@ deltas it receives to minutes. Each router replica decides alone with its :class
 global windows of its last sync plus what it admitted and counted since (unsynced), so a request
 costs no remote call. A replica syncs every SYNC_BUSY_S while it had traffic in the last
 BUSY_FOR_S, and not at all when idle (the windows it would learn of are older than two minutes by
-then, i.e. zero anyway). Overshoot bound: what other replicas admitted since their last sync is
-unseen, so with R replicas, a sync period P (SYNC_BUSY_S plus the sync's latency) and a caller
-admitted at rate r by each replica, one window admits at most ``limit + (R - 1) * r * P``
-requests (tokens likewise, plus the tokens of the requests in flight when the limit is reached:
-tokens are known only when a response's usage arrives). A replica that wakes from idle decides
-its first requests on zeroed windows until its first sync (one round trip).
+then, i.e. zero anyway). Overshoot bound: a replica does not see what another admitted since
+that one's last sync, nor what reached the meter after its own last sync, so with R replicas, a
+sync period P (SYNC_BUSY_S plus the sync's latency) and a caller admitted at rate r by each
+replica, one window admits at most ``limit + 2 * (R - 1) * r * P`` requests (e.g. 4 replicas,
+0.5 s, 20 requests/s each: 60 over; tests/unit/test_limits.py simulates it). Tokens likewise,
+plus the tokens of the requests in flight when the limit is reached: tokens are known only when
+a response's usage arrives. A replica that wakes from idle decides its first requests on zeroed
+windows until its first sync (one round trip).
+
+Tokens come from the responses' own ``usage`` (reconciler/serve_apps/usage.py). A stream the
+client leaves before its end counts the usage seen so far, which for vLLM (usage comes last) is
+none: such a request counts against requests per minute, not tokens per minute. Known gap: a
+client that reads part of a long generation and hangs up is not charged its tokens.
 """
 
 from __future__ import annotations

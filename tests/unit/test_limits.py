@@ -5,6 +5,7 @@ replica's local decisions and the meter's global state and bounds."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 from hypothesis import given
@@ -37,7 +38,8 @@ def later(prev: float, cur: float, elapsed: float, wait: float) -> float:
 
 def test_the_estimate_weighs_the_previous_minute_by_what_is_left_of_it() -> None:
     assert minute_of(T0 + 90.5) == (int(T0 // 60) + 1, 30.5)
-    assert estimate(60, 10, 0) == 70 and estimate(60, 10, 30) == 40 and estimate(60, 10, 59.999) == pytest.approx(10.001)
+    assert estimate(60, 10, 0) == 70 and estimate(60, 10, 30) == 40
+    assert estimate(60, 10, 59.999) == pytest.approx(10.001)
 
 
 def test_retry_after_at_the_boundaries() -> None:
@@ -202,13 +204,16 @@ def test_usage_rows_are_cumulative_in_the_contracts_format() -> None:
     meter = MeterState("e" * 32, T0)
     hour = int(T0 // 3600)
     meter.sync({"s": {}, "u": [[hour, "bob", "argus--bob--chat", 1, 10, 5]]}, T0)
-    meter.sync({"s": {}, "u": [[hour, "bob", "argus--bob--chat", 2, 20, 7], [hour, "(open)", "argus--a--b", 1, 0, 0]]}, T0)
+    meter.sync(
+        {"s": {}, "u": [[hour, "bob", "argus--bob--chat", 2, 20, 7], [hour, "(open)", "argus--a--b", 1, 0, 0]]}, T0
+    )
     usage = meter.usage(T0 + 5)
     assert usage["epoch"] == "e" * 32 and usage["now"] == T0 + 5
-    stamp = f"{__import__('time').strftime('%Y-%m-%dT%H', __import__('time').gmtime(T0))}"
+    stamp = time.strftime("%Y-%m-%dT%H", time.gmtime(T0))
+    tokens = ("requests", "prompt_tokens", "completion_tokens")
     assert usage["rows"] == [
-        {"hour": stamp, "user": "(open)", "app": "argus--a--b", "requests": 1, "prompt_tokens": 0, "completion_tokens": 0},
-        {"hour": stamp, "user": "bob", "app": "argus--bob--chat", "requests": 3, "prompt_tokens": 30, "completion_tokens": 12},
+        {"hour": stamp, "user": "(open)", "app": "argus--a--b", **dict(zip(tokens, (1, 0, 0), strict=True))},
+        {"hour": stamp, "user": "bob", "app": "argus--bob--chat", **dict(zip(tokens, (3, 30, 12), strict=True))},
     ]
 
 
