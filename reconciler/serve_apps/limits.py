@@ -24,9 +24,8 @@ a response's usage arrives. A replica that wakes from idle decides its first req
 windows until its first sync (one round trip).
 
 Tokens come from the responses' own ``usage`` (reconciler/serve_apps/usage.py). A stream the
-client leaves before its end counts the usage seen so far, which for vLLM (usage comes last) is
-none: such a request counts against requests per minute, not tokens per minute. Known gap: a
-client that reads part of a long generation and hangs up is not charged its tokens.
+client leaves before its end (vLLM reports usage last) is charged one completion token per chunk
+it received and no prompt tokens (an estimate: vLLM streams about a token a chunk).
 """
 
 from __future__ import annotations

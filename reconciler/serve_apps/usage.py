@@ -120,18 +120,28 @@ async def metered(
     """Pass ``stream`` on, calling ``on_start()`` at its first item (the request reached a model)
     and ``on_usage(prompt, completion)`` with the tokens each reported usage adds (reports may be
     cumulative, as vLLM's continuous usage stats are). Counted as they arrive, not at the end: a
-    non-streaming response's stream is never exhausted (Ray answers from its first item), and a
-    stream the client leaves early counts the usage seen so far (none, usually: vLLM reports it last).
+    non-streaming response's stream is never exhausted (Ray answers from its first item).
+
+    A stream that ends without any usage (the client hung up before vLLM's final usage chunk, or
+    a request it could not be asked for) is charged one completion token per streamed chunk it
+    passed on (vLLM streams about a token a chunk): hanging up early does not make a long
+    generation free. Its prompt tokens stay uncounted.
     """
-    started = False
+    started = usage_seen = False
+    chunks = 0
     seen_prompt = seen_completion = 0
     try:
         async for item in stream:
             if not started:
                 started = True
                 on_start()
+            if isinstance(item, str):
+                chunks += 1
+            elif isinstance(item, list):
+                chunks += len(item)
             tokens, item = scan(item, strip)
             if tokens is not None:
+                usage_seen = True
                 prompt, completion = max(tokens[0] - seen_prompt, 0), max(tokens[1] - seen_completion, 0)
                 seen_prompt, seen_completion = max(tokens[0], seen_prompt), max(tokens[1], seen_completion)
                 if prompt or completion:
@@ -139,6 +149,8 @@ async def metered(
             if item is not None:
                 yield item
     finally:
+        if chunks and not usage_seen:
+            on_usage(0, chunks)
         close = getattr(stream, "aclose", None)
         if close is not None:
             await close()

@@ -109,3 +109,22 @@ def test_a_stream_left_early_counts_what_it_saw_and_closes_the_models_stream() -
 
     asyncio.run(scenario())
     assert closed == [True]
+
+
+def test_a_stream_that_ends_without_usage_is_charged_a_token_per_chunk() -> None:
+    """The client hung up before vLLM's final usage chunk: not free."""
+    events: list[Any] = []
+
+    async def model() -> Any:
+        yield TEXT
+        yield [TEXT, TEXT]
+        yield TEXT
+
+    async def scenario() -> None:
+        out = metered(model(), True, lambda: events.append("start"), lambda p, c: events.append((p, c)))
+        await out.__anext__()
+        await out.__anext__()
+        await out.aclose()  # what the client's hang-up does to the stream
+
+    asyncio.run(scenario())
+    assert events == ["start", (0, 3)]
