@@ -185,12 +185,13 @@ class Counters:
         self.sent_usage: dict[tuple[int, str, str], list[int]] = {}
         self.dropped_usage = 0  # rows not kept while the meter was unreachable (bounded memory)
 
-    def admit(self, limits: list[tuple[str, int | None, int | None]], now: float) -> int | None:
+    def admit(self, limits: list[tuple[str, int | None, int | None]], now: float) -> tuple[int, str] | None:
         """Count one request against every subject of ``limits`` and return None when each is under
-        its limits; else count nothing and return the Retry-After (whole seconds, >= 1) of the
-        longest wait among the limits exceeded."""
+        its limits; else count nothing and return ``(Retry-After, which)``: the whole seconds
+        (>= 1) of the longest wait among the limits exceeded, and that limit (``"u:<user>
+        requests"``, ``"t:<team> tokens"``)."""
         minute, elapsed = minute_of(now)
-        wait = 0
+        wait, which = 0, ""
         for subject, rpm, tpm in limits:
             rp, rc, tp, tc = shifted(self.windows.get(subject), minute)
             mine = self.pending.get(subject, (0, 0))
@@ -198,11 +199,15 @@ class Counters:
             rc += mine[0] + theirs[0]
             tc += mine[1] + theirs[1]
             if rpm is not None and estimate(rp, rc, elapsed) >= rpm:
-                wait = max(wait, retry_after(rp, rc, elapsed, rpm))
+                seconds = retry_after(rp, rc, elapsed, rpm)
+                if seconds > wait:
+                    wait, which = seconds, f"{subject} requests"
             if tpm is not None and estimate(tp, tc, elapsed) >= tpm:
-                wait = max(wait, retry_after(tp, tc, elapsed, tpm))
+                seconds = retry_after(tp, tc, elapsed, tpm)
+                if seconds > wait:
+                    wait, which = seconds, f"{subject} tokens"
         if wait:
-            return wait
+            return wait, which
         for subject, _, _ in limits:
             self.pending.setdefault(subject, [0, 0])[0] += 1
         return None

@@ -6,7 +6,10 @@ A request never waits on the meter: admission and counting are local (:class:`Co
 sync that fails or takes longer than SYNC_TIMEOUT_S leaves its deltas pending for the next one
 (logged once until a sync succeeds again). A sync that timed out after the meter applied it is
 counted twice: limits err towards refusing, never towards a free ride. Only ``GET /argus/usage``
-waits for the meter (a flush, then its rows): the daemon polls it, no user does.
+waits for the meter (a flush of the answering replica's counts, then the rows): the daemon polls
+it, no user does. Other router replicas' counts reach the meter within their sync period
+(SYNC_BUSY_S). Each sync's answer holds the windows of every subject counted in the last two
+minutes (at most MAX_SUBJECTS): small for the users of one cluster.
 """
 
 from __future__ import annotations
@@ -103,9 +106,12 @@ class MeterClient:
         subject_limits = limits.of(user, team)
         if not subject_limits:
             return []
-        wait = self.counters.admit(subject_limits, time.time())
-        if wait is not None:
-            raise RateLimitExceeded(wait, f"Rate limit exceeded: retry in {wait} s.")
+        refused = self.counters.admit(subject_limits, time.time())
+        if refused is not None:
+            wait, which = refused
+            whose = "your team's" if which.startswith("t:") else "your"
+            kind = "tokens" if which.endswith(" tokens") else "requests"
+            raise RateLimitExceeded(wait, f"Rate limit exceeded ({whose} {kind} per minute): retry in {wait} s.")
         return [subject for subject, _, _ in subject_limits]
 
     def metered(
@@ -119,6 +125,7 @@ class MeterClient:
             nonlocal app_name
             app_name = app()
             self.counters.record(time.time(), user, app_name, 1, 0, 0)
+            self._traffic()  # the open endpoint's and the daemon's requests are synced too
 
         def on_usage(prompt: int, completion: int) -> None:
             self.counters.record(time.time(), user, app_name, 0, prompt, completion)

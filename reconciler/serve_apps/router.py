@@ -46,6 +46,14 @@ answered exactly as one that does not exist (404, no Serve read, same message) a
 open, as before keys existed: every model answers every client, and ``access`` is not enforced.
 All of it is in memory, rebuilt on each ``reconfigure()``: a request costs dict lookups and one
 sha256, never a call to Serve or another actor.
+
+Rate limits and usage (``limits`` in the table; reconciler/serve_apps/limits.py, meter.py,
+usage.py). With keys, a caller over her own or her team's requests or tokens per minute is a
+429 with ``Retry-After``; the daemon and the open endpoint are never limited. Every request that
+reaches a model is counted, with the tokens of its responses' ``usage``, per hour, user and
+application; the router application's second deployment, ``ArgusMeter``, adds up every replica's
+counts (each replica decides alone and syncs in the background) and answers
+``GET /argus/usage`` to the daemon's key only.
 """
 
 from __future__ import annotations
@@ -563,7 +571,10 @@ class ArgusIngress(OpenAiIngress):
         """``GET /argus/usage``: the meter's usage rows (the daemon's key only; anyone else gets the
         401 of a wrong key). Raises InvalidApiKey (401); OpenAIHTTPException (503) when the meter
         does not answer."""
-        if self._auth.daemon is None or _digest(request) != self._auth.daemon:
+        digest = _digest(request)
+        if digest is None:  # the answers of the other routes' 401s: nothing tells this route apart
+            raise _unauthorized("No API key provided: send `Authorization: Bearer <key>`.")
+        if digest != self._auth.daemon:
             raise _unauthorized("Incorrect API key provided.")
         return JSONResponse(await self._meter.usage())
 

@@ -103,8 +103,8 @@ def test_a_user_at_her_limit_does_not_refuse_another_and_a_refused_request_is_no
     lim = Limits((2, None))
     assert counters.admit(lim.of("alice", None), T0) is None
     assert counters.admit(lim.of("alice", None), T0 + 1) is None
-    wait = counters.admit(lim.of("alice", None), T0 + 2)
-    assert wait == 59  # at T0 + 61, a second into the next minute: 2 * (1 - 1/60) < 2
+    refused = counters.admit(lim.of("alice", None), T0 + 2)
+    assert refused == (59, "u:alice requests")  # at T0 + 61, a second into the next minute: 2 * (1 - 1/60) < 2
     assert counters.pending == {"u:alice": [2, 0]}
     assert counters.admit(lim.of("bob", None), T0 + 2) is None
 
@@ -114,7 +114,7 @@ def test_a_team_limit_sums_its_members() -> None:
     lim = Limits((None, None), {}, {"research": (3, None)})
     for user in ("alice", "carl", "alice"):
         assert counters.admit(lim.of(user, "research"), T0) is None
-    assert counters.admit(lim.of("carl", "research"), T0) is not None
+    assert counters.admit(lim.of("carl", "research"), T0) == (61, "t:research requests")
     assert counters.admit(lim.of("bob", None), T0) is None  # in no team: unlimited
 
 
@@ -123,7 +123,10 @@ def test_tokens_count_when_known_and_refuse_the_next_request() -> None:
     subjects = Limits((None, 100)).of("alice", None)
     assert counters.admit(subjects, T0) is None
     counters.add_tokens(["u:alice"], 150)
-    assert counters.admit(subjects, T0 + 10) == 71  # 150 * (1 - t/60) < 100 from t > 20 of the next minute
+    assert counters.admit(subjects, T0 + 10) == (
+        71,
+        "u:alice tokens",
+    )  # 150 * (1 - t/60) < 100 from t > 20 of the next minute
 
 
 def sync(counters: Counters, meter: MeterState, now: float) -> None:
