@@ -192,7 +192,7 @@ def test_over_http_a_stream_hides_the_usage_it_asked_for_and_a_429_carries_retry
     assert [(r["user"], r["requests"], r["prompt_tokens"]) for r in usage.json()["rows"]] == [("bob", 1, 60)]
 
 
-def test_build_router_binds_the_meter_and_the_usage_route() -> None:
+def test_build_router_binds_one_meter_replica_into_the_router() -> None:
     app = router.build_router({"table": 3})
     assert app._bound_deployment.name == "ArgusRouter"
     args = app._bound_deployment.init_args
