@@ -30,7 +30,7 @@ ROUTER_DEPLOYMENT = "ArgusRouter"  # the deployment name in serve_apps/router.py
 # The router's ``args``: the version of the user_config table format. Bump it with the format,
 # so that Serve restarts replicas whose code reads the old one (user_config reaches them in place).
 # 2: keys, access and teams (a router reading format 1 would ignore them and serve every caller).
-ROUTER_ARGS = {"table": 2}
+ROUTER_ARGS = {"table": 3}
 LLM_DEPLOYMENT_PREFIX = "LLMServer:"
 # Serve calls each replica's ``check_health`` (vLLM: is the engine process alive) this often and
 # replaces a replica after three failures in a row: a dead engine fails the check at once, so it

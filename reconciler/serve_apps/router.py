@@ -46,6 +46,14 @@ answered exactly as one that does not exist (404, no Serve read, same message) a
 open, as before keys existed: every model answers every client, and ``access`` is not enforced.
 All of it is in memory, rebuilt on each ``reconfigure()``: a request costs dict lookups and one
 sha256, never a call to Serve or another actor.
+
+Rate limits and usage (``limits`` in the table; reconciler/serve_apps/limits.py, meter.py,
+usage.py). With keys, a caller over her own or her team's requests or tokens per minute is a
+429 with ``Retry-After``; the daemon and the open endpoint are never limited. Every request that
+reaches a model is counted, with the tokens of its responses' ``usage``, per hour, user and
+application; the router application's second deployment, ``ArgusMeter``, adds up every replica's
+counts (each replica decides alone and syncs in the background) and answers
+``GET /argus/usage`` to the daemon's key only.
 """
 
 from __future__ import annotations
@@ -63,10 +71,22 @@ from fastapi import Request
 from fastapi import status as http_status
 from ray import serve
 from ray.llm._internal.serve.core.configs.openai_api_models import OpenAIHTTPException, to_model_metadata
+from ray.llm._internal.serve.core.ingress.ingress import DEFAULT_ENDPOINTS, init
 from ray.llm._internal.serve.utils.server_utils import replace_prefix
 from ray.serve.deployment import Application
 from ray.serve.handle import DeploymentHandle
 from ray.serve.llm.ingress import OpenAiIngress, make_fastapi_ingress
+from starlette.responses import JSONResponse
+
+from reconciler.serve_apps.limits import DAEMON_USER, OPEN_USER, Limits, parse_limits
+from reconciler.serve_apps.meter import (
+    METER_DEPLOYMENT,
+    ArgusMeter,
+    MeterClient,
+    RateLimitExceeded,
+    rate_limited_response,
+)
+from reconciler.serve_apps.usage import ask_for_usage
 
 logger = logging.getLogger("ray.serve")
 
@@ -194,7 +214,7 @@ def parse_auth(config: Any) -> tuple[Auth, list[str]]:
     if daemon is not None and not _is_sha256(daemon):
         problems.append("daemon is not a sha256 hex: the daemon's probes are refused")
         daemon = None
-    return Auth(keys, access, teams, daemon if keys is not None else None), problems
+    return Auth(keys, access, teams, daemon), problems
 
 
 def _is_sha256(digest: object) -> bool:
@@ -272,8 +292,10 @@ class ModelNotFound(OpenAIHTTPException):
 class ArgusIngress(OpenAiIngress):
     """``OpenAiIngress`` whose model handles and cards follow the table the daemon pushes."""
 
-    def __init__(self) -> None:
+    def __init__(self, meter: DeploymentHandle | None = None) -> None:
         super().__init__(llm_deployments={}, model_cards={})
+        self._meter = MeterClient(meter)  # limits and usage (reconciler/serve_apps/meter.py)
+        self._limits: Limits | None = None
         self._table: dict[str, Entry] = {}  # app name -> entry (the last user_config)
         self._tabled_names: set[str] = set()  # every model id and alias the table holds
         self._routes: dict[str, Route] = {}  # app name -> route, for tabled apps seen running
@@ -301,7 +323,8 @@ class ArgusIngress(OpenAiIngress):
         """
         table, refresh, problems = parse_table(user_config)
         auth, auth_problems = parse_auth(user_config)
-        problems += auth_problems
+        limits, limit_problems = parse_limits(user_config)
+        problems += auth_problems + limit_problems
         for problem in problems[:10]:  # bounded: a huge bad table logs ten lines, not one per row
             logger.warning("argus router: %s", problem)
         self._table, self._refresh_s = table, refresh
@@ -311,7 +334,7 @@ class ArgusIngress(OpenAiIngress):
             for name in (entry.model_id, entry.alias):
                 if name:
                     self._tabled_apps.setdefault(name, set()).add(entry.app)
-        self._auth = auth
+        self._auth, self._limits = auth, limits
         for app in [a for a, r in self._routes.items() if table.get(a) != r.entry]:
             self._routes.pop(app)
             logger.info("argus router: dropped application %s (no longer in the table)", app)
@@ -465,11 +488,9 @@ class ArgusIngress(OpenAiIngress):
         keys = self._auth.keys
         if keys is None:
             return None
-        header = request.headers.get("authorization", "") if request is not None else ""
-        if header[: len(BEARER)].lower() != BEARER:
+        digest = _digest(request)
+        if digest is None:
             raise _unauthorized("No API key provided: send `Authorization: Bearer <key>`.")
-        key = header[len(BEARER) :].strip()
-        digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
         user = keys.get(digest)
         if user is None:
             if digest == self._auth.daemon:
@@ -494,12 +515,13 @@ class ArgusIngress(OpenAiIngress):
         return any(self._may_call_app(caller, a) for a in self._tabled_apps.get(model, ()))
 
     def _get_response(self, *, body: Any, call_method: str, raw_request: Any = None) -> AsyncIterator[Any]:
-        """Check the caller's key and access, then route a request by alias as if it named the
-        dated id (vLLM serves only that name). Raises InvalidApiKey (401); ModelNotFound (404)
-        for a model the caller may not call, exactly as for one that does not exist.
+        """Check the caller's key, access and rate limits, then route a request by alias as if it
+        named the dated id (vLLM serves only that name). Raises InvalidApiKey (401);
+        ModelNotFound (404) for a model the caller may not call, exactly as for one that does not
+        exist; RateLimitExceeded (429) over the caller's or her team's per-minute limits.
 
-        A plain function returning the stream: a request for a routable name gets Ray's
-        generator itself, with no extra generator hop per streamed chunk.
+        A plain function returning the stream, wrapped once to count its request and the tokens
+        of its responses' usage (reconciler/serve_apps/usage.py).
         """
         caller = self.caller(raw_request)
         model = body.model
@@ -509,21 +531,60 @@ class ArgusIngress(OpenAiIngress):
             raise _model_required()
         if model is not None and not self._visible(caller, model):
             raise _not_found(model)
-        if model is None or model in self._model_cards:
-            return super()._get_response(body=body, call_method=call_method, raw_request=raw_request)
-        if model in self._aliases:
-            body = body.model_copy(update={"model": self._aliases[model]})
-            return super()._get_response(body=body, call_method=call_method, raw_request=raw_request)
-        return self._get_response_after_refresh(
-            body=body, call_method=call_method, raw_request=raw_request, caller=caller
-        )
+        body, strip = ask_for_usage(body, call_method)
+        user = self._usage_user(caller, raw_request)
+        if model is None or model in self._model_cards or model in self._aliases:
+            subjects = self._admit(caller)
+            if model in self._aliases:
+                body = body.model_copy(update={"model": self._aliases[model]})
+            stream = super()._get_response(body=body, call_method=call_method, raw_request=raw_request)
+        else:
+            subjects = []  # admitted (and counted) once the name is routable
+            stream = self._get_response_after_refresh(
+                body=body, call_method=call_method, raw_request=raw_request, caller=caller, subjects=subjects
+            )
+        return self._meter.metered(stream, strip, user, lambda: self._app_name(model), subjects)
+
+    def _admit(self, caller: Caller | None) -> list[str]:
+        """The limit subjects a request counts under (none for the open endpoint and the daemon);
+        raises RateLimitExceeded (429)."""
+        if caller is None or caller.daemon:
+            return []
+        return self._meter.admit(self._limits, caller.user, caller.team)
+
+    def _usage_user(self, caller: Caller | None, raw_request: Any) -> str:
+        """The ``user`` of a request's usage rows: the key's user, DAEMON_USER (the daemon's key,
+        also on the open endpoint) or OPEN_USER."""
+        if caller is not None:
+            return DAEMON_USER if caller.daemon else caller.user
+        if self._auth.daemon is not None and _digest(raw_request) == self._auth.daemon:
+            return DAEMON_USER
+        return OPEN_USER
+
+    def _app_name(self, model: str | None) -> str:
+        """The application a request for ``model`` went to (None: Ray's pick, the only model)."""
+        if model is None and len(self._model_cards) == 1:
+            model = next(iter(self._model_cards))
+        return self._app_of.get(model, "") if model is not None else ""
+
+    async def argus_usage(self, request: Request) -> JSONResponse:
+        """``GET /argus/usage``: the meter's usage rows (the daemon's key only; anyone else gets the
+        401 of a wrong key). Raises InvalidApiKey (401); OpenAIHTTPException (503) when the meter
+        does not answer."""
+        digest = _digest(request)
+        if digest is None:  # the answers of the other routes' 401s: nothing tells this route apart
+            raise _unauthorized("No API key provided: send `Authorization: Bearer <key>`.")
+        if digest != self._auth.daemon:
+            raise _unauthorized("Incorrect API key provided.")
+        return JSONResponse(await self._meter.usage())
 
     async def _get_response_after_refresh(
-        self, *, body: Any, call_method: str, raw_request: Any, caller: Caller | None
+        self, *, body: Any, call_method: str, raw_request: Any, caller: Caller | None, subjects: list[str]
     ) -> AsyncIterator[Any]:
         # Visible again after the read: the name may now route to an app the caller may not call.
         if not await self._known(body.model) or not self._visible(caller, body.model):
             raise _not_found(body.model)  # here, not in _get_model_id: that would wait for a second read
+        subjects.extend(self._admit(caller))
         target = self._aliases.get(body.model, body.model)
         if target != body.model:
             body = body.model_copy(update={"model": target})
@@ -591,6 +652,15 @@ class InvalidApiKey(OpenAIHTTPException):
     """No key, or one the keys file does not hold; the class name is the error's type."""
 
 
+def _digest(request: Any) -> str | None:
+    """The sha256 hex of the Bearer key of a Starlette request (None: no Bearer key, or no request)."""
+    header = request.headers.get("authorization", "") if request is not None else ""
+    if header[: len(BEARER)].lower() != BEARER:
+        return None
+    key = header[len(BEARER) :].strip()
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+
+
 def _unauthorized(message: str) -> InvalidApiKey:
     return InvalidApiKey(status_code=http_status.HTTP_401_UNAUTHORIZED, message=message, type="InvalidApiKey")
 
@@ -637,7 +707,17 @@ def build_router(args: dict[str, Any] | None = None) -> Application:
     format does, so that Serve restarts replicas whose code cannot read the new one (a change of
     ``user_config`` alone reaches running replicas in place, old code included).
     """
-    ingress_cls = make_fastapi_ingress(ArgusIngress)
+    # Our own FastAPI app (Ray's, plus a handler): Ray's error middleware answers a 429 without
+    # its Retry-After header.
+    app = init()
+    app.add_exception_handler(RateLimitExceeded, rate_limited_response)
+    endpoints = {**DEFAULT_ENDPOINTS, "argus_usage": lambda fastapi_app: fastapi_app.get("/argus/usage")}
+    ingress_cls = make_fastapi_ingress(ArgusIngress, endpoint_map=endpoints, app=app)
+    # One meter replica holds the global rate windows and usage rows (reconciler/serve_apps/meter.py);
+    # it does little, so it reserves no CPU either.
+    meter = serve.deployment(
+        ArgusMeter, name=METER_DEPLOYMENT, num_replicas=1, max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0}
+    ).bind()
     # The replica count is not set here: the application config's `deployments` override
     # carries an autoscaling_config (min 2 by default), which Serve changes in place.
     # No CPU reservation: a router replica only forwards requests; its CPU would otherwise
@@ -647,4 +727,4 @@ def build_router(args: dict[str, Any] | None = None) -> Application:
         name="ArgusRouter",
         max_ongoing_requests=1000,
         ray_actor_options={"num_cpus": 0},
-    ).bind()  # type: ignore[attr-defined]
+    ).bind(meter)  # type: ignore[attr-defined]

@@ -107,7 +107,7 @@ def test_zero_replicas_rejected() -> None:
 def test_router_and_serve_config() -> None:
     router = router_app_config(CPU)
     assert router == router_app_config(GPU)  # only serving.router matters: same code and args everywhere
-    assert router["name"] == "argus-router" and router["route_prefix"] == "/" and router["args"] == {"table": 2}
+    assert router["name"] == "argus-router" and router["route_prefix"] == "/" and router["args"] == {"table": 3}
     # Two replicas by default (losing one drops no request), autoscaled like Ray Serve LLM's ingress.
     assert router["deployments"] == [
         {

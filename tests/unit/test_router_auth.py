@@ -219,7 +219,8 @@ def test_the_daemons_key_may_call_and_list_every_model(serve: FakeServe) -> None
         assert not isinstance(call(r, SECRET_ALIAS, "the-daemons-key"), OpenAIHTTPException)
         assert SECRET_ID in await listed(r, "the-daemons-key")
         open_table = {k: v for k, v in TABLE.items() if k != "keys"}
-        assert parse_auth(open_table)[0].daemon is None  # no keys: nothing to let through
+        assert parse_auth(open_table)[0].daemon == TABLE["daemon"]  # kept: it authorizes /argus/usage
+        assert (await replica(open_table)).caller(request("the-daemons-key")) is None  # open: nobody is named
 
     asyncio.run(scenario())
 
