@@ -11,8 +11,8 @@ rises without new counts, so the time a refused caller must wait has a closed fo
 Across router replicas. :class:`MeterState` (held by the one ``ArgusMeter`` replica,
 reconciler/serve_apps/meter.py) owns the global windows and the usage rows; its clock assigns the
 deltas it receives to minutes. Each router replica decides alone with its :class:`Counters`: the
-global windows of its last sync plus what it admitted and counted since (unsynced), so a request
-costs no remote call. A replica syncs every SYNC_BUSY_S while it had traffic in the last
+global windows of its last sync plus what it admitted and counted since (unsynced), so a busy
+replica's requests cost no remote call. A replica syncs every SYNC_BUSY_S while it had traffic in the last
 BUSY_FOR_S, and not at all when idle (the windows it would learn of are older than two minutes by
 then, i.e. zero anyway). Overshoot bound: a replica does not see what another admitted since
 that one's last sync, nor what reached the meter after its own last sync, so with R replicas, a
@@ -20,8 +20,9 @@ sync period P (SYNC_BUSY_S plus the sync's latency) and a caller admitted at rat
 replica, one window admits at most ``limit + 2 * (R - 1) * r * P`` requests (e.g. 4 replicas,
 0.5 s, 20 requests/s each: 60 over; tests/unit/test_limits.py simulates it). Tokens likewise,
 plus the tokens of the requests in flight when the limit is reached: tokens are known only when
-a response's usage arrives. A replica that wakes from idle decides its first requests on zeroed
-windows until its first sync (one round trip).
+a response's usage arrives. A replica whose windows are older than STALE_S (it stops syncing when
+idle) first waits for one sync, at most FRESHEN_TIMEOUT_S (meter.py), before it decides a limited
+request: the only remote call a request may wait for, once per wake-up.
 
 Tokens come from the responses' own ``usage`` (reconciler/serve_apps/usage.py). A stream the
 client leaves before its end (vLLM reports usage last) is charged one completion token per chunk

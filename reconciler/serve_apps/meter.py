@@ -38,6 +38,8 @@ logger = logging.getLogger("ray.serve")
 SYNC_BUSY_S = 0.5  # a replica that had traffic in the last BUSY_FOR_S syncs this often
 BUSY_FOR_S = 120.0  # after that an idle replica stops syncing (its windows are zero by then)
 SYNC_TIMEOUT_S = 2.0  # bound on one sync or usage call to the meter
+STALE_S = 2 * SYNC_BUSY_S  # windows older than this are refreshed before a limited request is decided
+FRESHEN_TIMEOUT_S = 0.25  # bound on that refresh: past it, the request is decided with what is known
 METER_DEPLOYMENT = "ArgusMeter"
 
 
@@ -96,6 +98,19 @@ class MeterClient:
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._failing = False
+        self._synced_at = float("-inf")  # monotonic end of the last sync the meter answered
+
+    def stale(self, limits: Limits | None) -> bool:
+        """True when requests are limited and this replica's copy of the meter's windows is older
+        than STALE_S: a replica waking from idle (it stops syncing then) would otherwise decide its
+        first requests without the counts other replicas sent meanwhile."""
+        return limits is not None and self._handle is not None and time.monotonic() - self._synced_at > STALE_S
+
+    async def freshen(self) -> None:
+        """One sync, waited for at most FRESHEN_TIMEOUT_S (the request is decided either way)."""
+        self._traffic()  # a sync loop runs from now on, as for any request
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.sync(), timeout=FRESHEN_TIMEOUT_S)
 
     def admit(self, limits: Limits | None, user: str, team: str | None) -> list[str]:
         """Count one request of ``user`` (of ``team``) and return the subjects it counts under;
@@ -171,6 +186,8 @@ class MeterClient:
                 self._failing = True
             finally:
                 self.counters.settle(answer)
+            if answer is not None:
+                self._synced_at = time.monotonic()
             if answer is not None and self._failing:
                 logger.info("argus router: the meter answers again")
                 self._failing = False

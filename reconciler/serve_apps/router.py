@@ -521,7 +521,9 @@ class ArgusIngress(OpenAiIngress):
         exist; RateLimitExceeded (429) over the caller's or her team's per-minute limits.
 
         A plain function returning the stream, wrapped once to count its request and the tokens
-        of its responses' usage (reconciler/serve_apps/usage.py).
+        of its responses' usage (reconciler/serve_apps/usage.py). A name not routable yet, or a
+        limited caller on a replica whose rate windows are stale (it was idle), is decided when the
+        stream is first read, after that read of Serve or that one sync with the meter.
         """
         caller = self.caller(raw_request)
         model = body.model
@@ -533,13 +535,16 @@ class ArgusIngress(OpenAiIngress):
             raise _not_found(model)
         body, strip = ask_for_usage(body, call_method)
         user = self._usage_user(caller, raw_request)
-        if model is None or model in self._model_cards or model in self._aliases:
+        limited = caller is not None and not caller.daemon
+        if (model is None or model in self._model_cards or model in self._aliases) and not (
+            limited and self._meter.stale(self._limits)
+        ):
             subjects = self._admit(caller)
             if model in self._aliases:
                 body = body.model_copy(update={"model": self._aliases[model]})
             stream = super()._get_response(body=body, call_method=call_method, raw_request=raw_request)
         else:
-            subjects = []  # admitted (and counted) once the name is routable
+            subjects = []  # admitted (and counted) once the name is routable and the windows fresh
             stream = self._get_response_after_refresh(
                 body=body, call_method=call_method, raw_request=raw_request, caller=caller, subjects=subjects
             )
@@ -582,8 +587,10 @@ class ArgusIngress(OpenAiIngress):
         self, *, body: Any, call_method: str, raw_request: Any, caller: Caller | None, subjects: list[str]
     ) -> AsyncIterator[Any]:
         # Visible again after the read: the name may now route to an app the caller may not call.
-        if not await self._known(body.model) or not self._visible(caller, body.model):
+        if body.model is not None and (not await self._known(body.model) or not self._visible(caller, body.model)):
             raise _not_found(body.model)  # here, not in _get_model_id: that would wait for a second read
+        if caller is not None and not caller.daemon and self._meter.stale(self._limits):
+            await self._meter.freshen()
         subjects.extend(self._admit(caller))
         target = self._aliases.get(body.model, body.model)
         if target != body.model:

@@ -199,3 +199,26 @@ def test_build_router_binds_one_meter_replica_into_the_router() -> None:
     assert len(args) == 1 and args[0]._bound_deployment.name == "ArgusMeter"
     assert args[0]._bound_deployment.num_replicas == 1
     assert args[0]._bound_deployment.ray_actor_options == {"num_cpus": 0}
+
+
+def test_a_replica_waking_from_idle_asks_the_meter_before_deciding(serve: FakeServe) -> None:
+    """Replica b synced long ago (idle replicas stop syncing); meanwhile replica a admitted bob's
+    whole minute. b's next request for bob waits for one sync and is refused: the limit is the
+    cluster's, not each replica's."""
+
+    async def scenario() -> None:
+        handle = Handle(ArgusMeter())
+        a = await replica(table({"default": [2, None]}), handle)
+        b = await replica(table({"default": [2, None]}), handle)
+        for _ in range(2):
+            await drain(call(a, CHAT_ALIAS, BOB_KEY))
+        assert await a._meter.sync()
+        before = handle.calls
+        with pytest.raises(RateLimitExceeded) as over:
+            await drain(call(b, CHAT_ALIAS, BOB_KEY))  # decided once the stream is read
+        assert over.value.retry_after >= 1 and handle.calls > before
+        assert not b._meter.stale(b._limits)  # fresh now: the next request is decided at once
+        assert refused(call(b, CHAT_ALIAS, BOB_KEY))
+        assert await drain(call(b, CHAT_ALIAS, ALICE_KEY))  # another user passes
+
+    asyncio.run(scenario())
