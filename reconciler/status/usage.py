@@ -27,6 +27,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from reconciler.spec.loader import NAME_RE, USER_RE
+
 USAGE_DIR = "usage/"
 VERSION = 1
 # Rows one document holds at most, per kind: a day of 24 hours x users x models x meter epochs
@@ -39,8 +41,8 @@ LIVE_DAYS = 3
 OPEN_USER = "(open)"  # requests without a key (an endpoint without a keys file)
 DAEMON_USER = "(daemon)"  # the daemon's own probes
 SPECIAL_USERS = (OPEN_USER, DAEMON_USER)
-_NAME = re.compile(r"^(?=.{1,31}$)[a-z][a-z0-9]*(?:-[a-z][a-z0-9]*)*$")
-_MODEL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+_NAME = USER_RE  # the loader's rules: what no name in a usage row may escape
+_MODEL_NAME = NAME_RE
 _HOUR = re.compile(r"^(\d{4}-\d{2}-\d{2})T(\d{2})$")
 _EPOCH = re.compile(r"^[0-9a-f]{1,64}$")
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -237,10 +239,20 @@ def parse_document(value: object) -> tuple[str, Day] | None:
             continue
         if not (isinstance(t, str) and (t == "" or _NAME.match(t)) and k in ("task", "model")):
             continue
-        if not (isinstance(o, str) and len(o) <= 200 and isinstance(run, str) and len(run) <= 200) or s is None:
+        if not (isinstance(o, str) and _is_object(o) and isinstance(run, str) and len(run) <= 200) or s is None:
             continue
         day.gpu[(h, str(u), t, str(k), o, run)] = s
     return date, day
+
+
+def _is_object(text: str) -> bool:
+    parts = text.split("/")
+    return (
+        len(parts) == 3
+        and bool(_NAME.match(parts[0]))
+        and parts[1] in ("models", "tasks")
+        and bool(_MODEL_NAME.match(parts[2]))
+    )
 
 
 def _is_model_object(text: str) -> bool:
