@@ -611,13 +611,6 @@ class StatusWriter:
             ]
         )
         changed: dict[str, bytes] = {}
-        usage_docs: dict[str, dict[str, Any]] = {}
-        for path, value in report.usage.items():
-            if not is_usage_path(path):
-                log.error("not a usage document path: %r", path)
-                continue
-            usage_docs[path] = self._safe(dict(value))
-            changed[path] = dump_json(usage_docs[path])
         for path, doc in built.items():
             try:
                 changed[path] = dump(doc)
@@ -627,6 +620,13 @@ class StatusWriter:
                 failed.update(k for k in (key_of_path(path),) if k is not None)
         written_docs = {path: built[path] for path in changed}
         rows.update({path: readme_row(path, doc) for path, doc in written_docs.items()})
+        usage_docs: dict[str, dict[str, Any]] = {}
+        for path, value in report.usage.items():
+            if not is_usage_path(path):
+                log.error("not a usage document path: %r", path)
+                continue
+            usage_docs[path] = self._safe(dict(value))
+            changed[path] = dump_json(usage_docs[path])
         root = self._root_document(report, known_root if isinstance(known_root, dict) else {})
         errors = [self.redact(e) for e in report.errors]
         if report.source_error:

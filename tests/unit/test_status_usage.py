@@ -126,7 +126,9 @@ def test_documents_only_for_changed_dates_and_a_restart_continues() -> None:
     again.merge_tokens(answer(E1, ("2026-12-05T03", "alice", "argus--alice--chat", 3, 31, 24)))
     again.record_tasks([Job("sid", "alice", "train", 1.0, T - 60, T)], {}, now=T + 5)
     assert again.take_documents() == {} and again.totals() == before
-    assert before.requests == {("alice", "alice/models/chat"): 3} and before.gpu_seconds == {("alice", "", "task"): 60.0}
+    assert before.requests == {("alice", "alice/models/chat"): 3} and before.gpu_seconds == {
+        ("alice", "", "task"): 60.0
+    }
 
 
 def test_a_document_round_trips_and_forged_rows_are_dropped() -> None:
