@@ -177,7 +177,7 @@ def test_get_usage_against_a_real_server() -> None:
     seen: list[str | None] = []
 
     class Handler(BaseHTTPRequestHandler):
-
+        def do_GET(self) -> None:
             seen.append(self.headers.get("Authorization"))
             code = 200 if self.path == "/argus/usage" else 404
             body = b'{"epoch": "' + EPOCH.encode() + b'", "rows": []}' + b" " * 100
