@@ -87,3 +87,14 @@ def test_the_daemon_key_travels_even_without_keys() -> None:
     assert user_config(CLUSTER, daemon="d")["daemon"] == "d"
     assert user_config(CLUSTER, keys={"h": "alice"}, daemon="d")["daemon"] == "d"
     assert "keys" not in user_config(CLUSTER, daemon="d")
+
+
+def test_the_put_carries_the_daemon_key_without_a_keys_file() -> None:
+    """The applier hands the daemon's key digest with or without keys (reconciler/apply/applier.py)."""
+    from reconciler.apply.serve import RouterAuth, target_apps
+    from reconciler.observe.serve import parse_serve_details
+
+    obs = parse_serve_details({"applications": {}})
+    target = target_apps([], obs, CLUSTER, RouterAuth(None, {}, daemon="d"))
+    config = target["argus-router"]["deployments"][0]["user_config"]
+    assert config["daemon"] == "d" and "keys" not in config and "limits" not in config
