@@ -335,6 +335,8 @@ class Ledger:
                     continue
                 key = (hour, job.user, team, "task", obj, job.submission_id)
                 value = round(seconds * job.gpus, 3)
+                if key not in day.gpu and len(day.gpu) >= 2 * MAX_ROWS:
+                    continue  # held in memory at most twice what a document keeps
                 if day.gpu.get(key) != value:
                     # The run's row under another team (the user moved): replaced, not doubled.
                     for other in [k for k in day.gpu if k[0] == hour and k[5] == job.submission_id and k != key]:
@@ -363,6 +365,8 @@ class Ledger:
                 if day is None:
                     continue
                 key = (hour, r.user, team, "model", f"{r.user}/models/{r.model}", "")
+                if key not in day.gpu and len(day.gpu) >= 2 * MAX_ROWS:
+                    continue
                 day.gpu[key] = round(day.gpu.get(key, 0.0) + seconds * gpus, 3)
                 self.dirty.add(hour[:10])
                 changed += 1
