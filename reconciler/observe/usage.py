@@ -74,10 +74,11 @@ def known_models(desired: DesiredState) -> set[str]:
     return {f"{k.user}/models/{k.name}" for k in desired.models}
 
 
-def bounded_totals(totals: Totals, users: set[str], models: set[str]) -> Totals:
-    """``totals`` with every user not in ``users`` (nor :data:`SPECIAL_USERS`) and every model
-    object not in ``models`` summed under :data:`OTHER`: the label sets of the metrics stay as
-    small as the repository (a removed model's usage still counts, under ``(other)``). Pure."""
+def bounded_totals(totals: Totals, users: set[str], models: set[str], teams: set[str] | None = None) -> Totals:
+    """``totals`` with every user not in ``users`` (nor :data:`SPECIAL_USERS`), every model
+    object not in ``models`` and every team not in ``teams`` (None: any) summed under
+    :data:`OTHER`: the label sets of the metrics stay as small as the repository (a removed
+    model's usage still counts, under ``(other)``). Pure."""
 
     def user(u: str) -> str:
         return u if u in users or u in SPECIAL_USERS else OTHER
@@ -92,7 +93,11 @@ def bounded_totals(totals: Totals, users: set[str], models: set[str]) -> Totals:
             key = (user(u), m if m in models else OTHER)
             mine[key] = mine.get(key, 0) + v
     for (u, team, kind), s in totals.gpu_seconds.items():
-        g = (user(u), team if u in users else "", kind)
+        if u not in users:
+            team = ""
+        elif team and teams is not None and team not in teams:
+            team = OTHER
+        g = (user(u), team, kind)
         out.gpu_seconds[g] = out.gpu_seconds.get(g, 0.0) + s
     return out
 
@@ -184,7 +189,7 @@ class UsageRecorder:
         self._pull(cluster)
         self.ledger.record_tasks(jobs_of(actual), teams, now)
         docs = self.ledger.take_documents()
-        totals = bounded_totals(self.ledger.totals(), known_users(desired), known_models(desired))
+        totals = bounded_totals(self.ledger.totals(), known_users(desired), known_models(desired), set(cluster.teams))
         with self._lock:
             self._totals = totals
         return docs

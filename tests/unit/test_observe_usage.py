@@ -202,3 +202,17 @@ def test_get_usage_against_a_real_server() -> None:
         server.shutdown()
         server.server_close()
     assert get_usage(base + "/argus/usage", "k1", 2.0, 1000)[0] == 0  # nothing listens: no router
+
+
+def test_gpu_totals_fold_unknown_teams_and_users() -> None:
+    from reconciler.status.usage import Totals
+
+    totals = Totals(
+        gpu_seconds={("alice", "gone", "task"): 1.0, ("alice", "vision", "task"): 2.0, ("eve", "x", "model"): 3.0}
+    )
+    out = rec.bounded_totals(totals, {"alice"}, set(), {"vision"})
+    assert out.gpu_seconds == {
+        ("alice", "(other)", "task"): 1.0,
+        ("alice", "vision", "task"): 2.0,
+        ("(other)", "", "model"): 3.0,
+    }
