@@ -33,6 +33,10 @@ MAX_ANSWER_BYTES = 32 * 1024 * 1024
 # A model sample adds at most this much time: after a daemon stall or restart the gap is not
 # counted (an undercount, documented), rather than usage nobody saw.
 SAMPLE_CAP_S = 120.0
+# A document whose only change is model GPU samples (they grow while a model runs) is written at
+# most this often: a running model makes a status commit every 10 minutes, not every minute. A
+# daemon restart loses at most this much of the models' GPU-seconds (documented undercount).
+SAMPLE_FLUSH_S = 600.0
 USAGE_PATH = "/argus/usage"
 
 # (url, api key, timeout, max bytes) -> (HTTP status or 0 when nothing answered, body)
@@ -156,6 +160,8 @@ class UsageRecorder:
         self.ledger = Ledger()
         self._loaded = False
         self._last_pull: float | None = None
+        self._last_flush: float | None = None
+        self.flush_interval = SAMPLE_FLUSH_S
         self._lock = threading.Lock()
         self._totals = Totals()
         self.pull_errors = 0  # failed pulls so far (the metrics' argus_errors{kind="usage_pull"} too)
@@ -188,7 +194,10 @@ class UsageRecorder:
         self._last_pull = now
         self._pull(cluster)
         self.ledger.record_tasks(jobs_of(actual), teams, now)
-        docs = self.ledger.take_documents()
+        samples = self._last_flush is None or now - self._last_flush >= self.flush_interval
+        if samples:
+            self._last_flush = now
+        docs = self.ledger.take_documents(samples)
         totals = bounded_totals(self.ledger.totals(), known_users(desired), known_models(desired), set(cluster.teams))
         with self._lock:
             self._totals = totals

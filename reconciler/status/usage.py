@@ -13,7 +13,11 @@ Two kinds of rows, per UTC hour (docs/design/usage.md has the format and its lim
   per replica x time since the last sample, capped) and added; the sum lives in the documents,
   which a restarted daemon reads back.
 
-A document is rebuilt only for the dates that changed (``dirty``): O(changed). Everything read
+A document is rebuilt only for the dates that changed: O(changed). Changes differ in urgency
+(:class:`Ledger`): a user's tokens and a task's run are written within the minute; a model's
+GPU samples, which grow on every sample while it runs, at most every few minutes; the daemon's
+own probes (they change on every tick) only along with another change, so an idle cluster
+makes no commit. Everything read
 from a document or from the router is checked and bounded: a malformed row is dropped.
 """
 
@@ -265,18 +269,23 @@ def _is_model_object(text: str) -> bool:
 @dataclass
 class Ledger:
     """The daemon's usage rows: the last :data:`LIVE_DAYS` dates row by row, older ones as
-    totals. ``dirty``: the dates whose document differs from the one last written."""
+    totals. The dates whose document differs from the one last written: ``dirty`` (a user's
+    tokens, a task's run: write it soon), ``sampled`` (model GPU samples only: write it now and
+    then) and ``passive`` (the daemon's probes only: write it with the next other change)."""
 
     days: dict[str, Day] = field(default_factory=dict)
     old: Totals = field(default_factory=Totals)  # the totals of the days no longer held row by row
     dirty: set[str] = field(default_factory=set)
+    sampled: set[str] = field(default_factory=set)
+    passive: set[str] = field(default_factory=set)
     last_sample: float | None = None  # when the models were last sampled (None: not since start)
     folded: str = ""  # the newest date kept as totals only: its document is never written again
 
     def load(self, documents: Mapping[str, Any]) -> None:
         """Adopt the usage documents of the status branch (path -> parsed JSON), replacing
         what the ledger holds: a daemon restart continues from them."""
-        self.days, self.old, self.dirty, self.folded = {}, Totals(), set(), ""
+        self.days, self.old, self.folded = {}, Totals(), ""
+        self.dirty, self.sampled, self.passive = set(), set(), set()
         for path, value in sorted(documents.items()):
             parsed = parse_document(value)
             if parsed is None or path != f"{USAGE_DIR}{parsed[0]}.json":
@@ -314,7 +323,7 @@ class Ledger:
                 continue  # held in memory at most twice what a document keeps
             if day.tokens.get(key) != value:
                 day.tokens[key] = value
-                self.dirty.add(date)
+                (self.passive if user == DAEMON_USER else self.dirty).add(date)
                 changed += 1
         return changed
 
@@ -368,15 +377,20 @@ class Ledger:
                 if key not in day.gpu and len(day.gpu) >= 2 * MAX_ROWS:
                     continue
                 day.gpu[key] = round(day.gpu.get(key, 0.0) + seconds * gpus, 3)
-                self.dirty.add(hour[:10])
+                self.sampled.add(hour[:10])
                 changed += 1
         return changed
 
-    def take_documents(self) -> dict[str, dict[str, Any]]:
-        """The documents of the dates changed since the last call (path -> document), and forget
-        that they changed; days older than :data:`LIVE_DAYS` are then kept as totals only."""
-        out = {f"{USAGE_DIR}{d}.json": document(d, self.days[d]) for d in sorted(self.dirty) if d in self.days}
+    def take_documents(self, samples: bool = True) -> dict[str, dict[str, Any]]:
+        """The documents of the dates changed since they were last taken (path -> document):
+        ``dirty`` dates, and ``sampled`` ones too when ``samples``; a ``passive`` change travels
+        with them. Forgets that they changed; days older than :data:`LIVE_DAYS` are then kept as
+        totals only."""
+        dates = self.dirty | (self.sampled if samples else set())
+        out = {f"{USAGE_DIR}{d}.json": document(d, self.days[d]) for d in sorted(dates) if d in self.days}
         self.dirty = set()
+        self.sampled -= dates
+        self.passive -= dates
         self._age()
         return out
 
@@ -402,6 +416,8 @@ class Ledger:
         """Fold the days beyond the newest :data:`LIVE_DAYS` (and not waiting to be written) into
         ``old``."""
         for date in sorted(self.days)[:-LIVE_DAYS]:
-            if date not in self.dirty:
+            if date not in self.dirty and date not in self.sampled:
+                # A passive change of a day this old (the daemon's probe counts) is not written.
+                self.passive.discard(date)
                 self.old.add(self.days.pop(date).totals())
                 self.folded = max(self.folded, date)

@@ -216,3 +216,24 @@ def test_gpu_totals_fold_unknown_teams_and_users() -> None:
         ("alice", "vision", "task"): 2.0,
         ("(other)", "", "model"): 3.0,
     }
+
+
+def test_model_samples_are_written_every_flush_interval() -> None:
+    clock = Clock()
+    r = recorder(Router(404), clock)
+    model = ActualModel(
+        ObjectKey("alice", "model", "chat"),
+        "chat",
+        "h",
+        replicas=1,
+        ready_replicas=1,
+        resources_per_replica={"GPU": 1.0},
+    )
+    actual = ActualState(models={model.key: model})
+    r.update(DESIRED, actual)
+    written = []
+    for _ in range(20):  # 20 minutes, a pull each minute
+        clock.now += 60
+        written.append(bool(r.update(DESIRED, actual)))
+    assert written.count(True) == 2  # at 10 and 20 minutes (SAMPLE_FLUSH_S)
+    assert r.totals.gpu_seconds == {("alice", "vision", "model"): 20 * 60.0}

@@ -167,3 +167,19 @@ def test_old_days_become_totals_and_are_never_rewritten() -> None:
     # An answer about a folded day changes nothing (its document is not rewritten from scratch).
     assert ledger.merge_tokens(answer(E1, ("2026-12-01T03", "alice", "argus--alice--chat", 9, 0, 0))) == 0
     assert ledger.take_documents() == {}
+
+
+def test_the_daemons_probes_and_model_samples_are_written_lazily() -> None:
+    """An idle cluster makes no commit: the daemon's probe counts (they change every tick) travel
+    only with another change, and model samples only when the caller asks for them."""
+    ledger = Ledger()
+    assert ledger.merge_tokens(answer(E1, ("2026-12-05T03", "(daemon)", "argus--alice--chat", 9, 9, 9))) == 1
+    assert ledger.take_documents() == {}
+    chat = [Replicas("alice", "chat", 1, 1.0)]
+    ledger.sample_models(chat, {}, now=T, cap=120)
+    ledger.sample_models(chat, {}, now=T + 10, cap=120)
+    assert ledger.take_documents(samples=False) == {}
+    doc = ledger.take_documents(samples=True)["usage/2026-12-05.json"]
+    assert doc["gpu"][0]["gpu_seconds"] == 10.0 and doc["tokens"][0]["user"] == "(daemon)"  # along with it
+    assert ledger.take_documents(samples=True) == {}
+    assert ledger.totals().requests == {("(daemon)", "alice/models/chat"): 9}  # counted all along
