@@ -23,7 +23,6 @@ from a document or from the router is checked and bounded: a malformed row is dr
 
 from __future__ import annotations
 
-import calendar
 import math
 import re
 import time
@@ -64,13 +63,6 @@ def is_usage_path(path: str) -> bool:
 def hour_of(ts: float) -> str:
     """The UTC hour of unix time ``ts``: ``YYYY-MM-DDTHH``."""
     return time.strftime("%Y-%m-%dT%H", time.gmtime(ts))
-
-
-def hour_start(hour: str) -> float:
-    """The unix time an hour (``YYYY-MM-DDTHH``) begins. Raises ValueError on another text."""
-    if not _HOUR.match(hour):
-        raise ValueError(f"not an hour: {hour!r}")
-    return float(calendar.timegm(time.strptime(hour, "%Y-%m-%dT%H")))
 
 
 def split_hours(start: float, end: float) -> dict[str, float]:
