@@ -41,6 +41,7 @@ MAX_ROWS = 20_000
 # Days the ledger keeps row by row (what a router answer or a job can still change: the meter
 # reports 48 hours); older days are kept as totals only.
 LIVE_DAYS = 3
+MAX_ANSWER_ROWS = 100_000  # the most rows the router's meter answers with (48 hours of them)
 OPEN_USER = "(open)"  # requests without a key (an endpoint without a keys file)
 DAEMON_USER = "(daemon)"  # the daemon's own probes
 SPECIAL_USERS = (OPEN_USER, DAEMON_USER)
@@ -295,7 +296,7 @@ class Ledger:
         if not isinstance(epoch, str) or not _EPOCH.match(epoch) or not isinstance(rows, list):
             return 0
         changed = 0
-        for row in rows[: 2 * MAX_ROWS]:
+        for row in rows[:MAX_ANSWER_ROWS]:
             if not isinstance(row, Mapping):
                 continue
             hour, user, app = row.get("hour"), row.get("user"), row.get("app")
