@@ -247,10 +247,16 @@ def router_app_config(
 def router_limits(cluster: ClusterSpec) -> dict[str, Any] | None:
     """The router's ``limits``: ``{"default": [rpm, tpm], "users": {u: [rpm, tpm]}, "teams":
     {t: [rpm, tpm]}}`` (null: unlimited; a user or team without a limit of its own is left out),
-    or None when cluster.yaml sets no rate limit at all. Pure."""
+    or None when cluster.yaml sets no rate limit at all. Pure.
+
+    The router takes a user's entry whole, in place of the default; cluster.yaml overrides key by
+    key, so a key the user's entry leaves out is filled from the default here."""
     default = cluster.serving.limits
     users = {
-        u: [p.requests_per_minute, p.tokens_per_minute]
+        u: [
+            p.requests_per_minute if p.requests_per_minute is not None else default.requests_per_minute,
+            p.tokens_per_minute if p.tokens_per_minute is not None else default.tokens_per_minute,
+        ]
         for u, p in sorted((cluster.users or {}).items())
         if p.requests_per_minute is not None or p.tokens_per_minute is not None
     }

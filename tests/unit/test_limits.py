@@ -73,7 +73,8 @@ def user_config(cluster: ClusterSpec, **kw: object) -> dict[str, object]:
 
 
 def test_router_limits_travel_with_keys_only() -> None:
-    limits = {"default": [600, None], "users": {"alice": [None, 400000]}, "teams": {"vision": [2000, None]}}
+    # alice's own tokens limit; her requests limit is the default's (cluster.yaml overrides key by key).
+    limits = {"default": [600, None], "users": {"alice": [600, 400000]}, "teams": {"vision": [2000, None]}}
     assert router_limits(CLUSTER) == limits
     assert user_config(CLUSTER, keys={"h": "alice"}, daemon="d")["limits"] == limits
     # Without a keys file callers are unknown: nothing to limit per user (documented open endpoint).
