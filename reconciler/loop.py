@@ -22,6 +22,8 @@ from typing import Any
 
 from reconciler.backoff import Backoff
 from reconciler.errors import RayUnavailable, SourceUnavailable, TemporaryError
+from reconciler.observe.api_keys import daemon_key
+from reconciler.observe.usage import UsageRecorder
 from reconciler.plan.memory import Memory
 from reconciler.redact import Redactor
 from reconciler.report import Reporter
@@ -92,12 +94,22 @@ class Daemon:
         self.redact = redact or Redactor(parts.secrets_env.values())
         if writer.redact is default_redaction:
             writer.redact = self.redact
+        # Usage accounting (docs/design/usage.md): the router's meter is read with the daemon's own
+        # key, and the ledger continues from the usage documents of the status branch.
+        self.usage = UsageRecorder(
+            getattr(parts.observer, "router_url", _no_router),
+            daemon_key(parts.ownership_key),
+            writer.usage_documents,
+        )
+        self.usage.on_error = self.metrics.error
+        self.metrics.usage = lambda: self.usage.totals
         self.reporter = Reporter(
             parts.dash,
             writer,
             self.metrics,
             redact=self.redact,
             secret_names=tuple(sorted(parts.secrets_env)),
+            usage=self.usage,
         )
         if background_status:
             self.reporter.start()
@@ -360,3 +372,8 @@ class Daemon:
             log.warning(json.dumps({"event": event, "error": message}))
         self.last_error, self._error_kind = message, kind
         return message
+
+
+def _no_router(_cluster: object) -> None:
+    """The router URL of an observer that asks no model (a test's): there is none to read."""
+    return None

@@ -18,6 +18,7 @@ from reconciler.builders.resolved import resolved_spec
 from reconciler.dashboard import Dashboard, DashboardError
 from reconciler.errors import ArgusError
 from reconciler.observe.jobs import job_log_tail
+from reconciler.observe.usage import UsageRecorder
 from reconciler.plan.actual import FINAL_JOB_STATES
 from reconciler.plan.assess import ObjectStatus
 from reconciler.plan.moved import moved
@@ -46,8 +47,10 @@ class Reporter:
         *,
         redact: Callable[[str], str] = _identity,
         secret_names: tuple[str, ...] = (),
+        usage: UsageRecorder | None = None,
     ) -> None:
         self.dash = dash
+        self.usage = usage  # the usage ledger: its changed documents travel with the status report
         self.secret_names = secret_names
         # path -> resolved spec, and the (cluster, models, tasks) it was resolved from: rebuilt only
         # for the specs that changed (everything when cluster.yaml did).
@@ -186,7 +189,21 @@ class Reporter:
             daemon_error=self.daemon_error,
             resolved=self._resolve(result),
             records_seen=records_seen,
+            usage=self._usage(result),
         )
+
+    def _usage(self, result: TickResult) -> dict[str, dict[str, Any]]:
+        """The usage documents that changed (:class:`~reconciler.observe.usage.UsageRecorder`;
+        at most once a minute), or {}. A failure is logged: the usage is a record, not a reason
+        to lose the status commit."""
+        if self.usage is None:
+            return {}
+        try:
+            return self.usage.update(result.desired, result.actual)
+        except Exception as exc:
+            log.error("usage accounting failed", exc_info=exc)
+            self.metrics.error("usage")
+            return {}
 
     def _resolve(self, result: TickResult) -> dict[str, dict[str, Any]]:
         """path -> resolved spec of every loaded object. Returns a new mapping (the last one is

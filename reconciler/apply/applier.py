@@ -326,13 +326,13 @@ class Applier:
             apps[name], holders[name] = app, key
             touched.append(key)
 
-        auth = None
-        if self.api_keys is not None:  # read on every tick: a new or revoked key reaches the router
-            auth = RouterAuth(
-                self.api_keys(),
-                model_access(desired.models.values(), desired.cluster),
-                daemon=key_hash(daemon_key(self.ownership_key)),
-            )
+        # Keys are read on every tick: a new or revoked key reaches the router. The daemon's own key
+        # travels even without a keys file: it authorizes the router's usage endpoint.
+        auth = RouterAuth(
+            self.api_keys() if self.api_keys is not None else None,
+            model_access(desired.models.values(), desired.cluster),
+            daemon=key_hash(daemon_key(self.ownership_key)),
+        )
 
         def put() -> None:
             out.serve_put = apply_serve(

@@ -203,14 +203,19 @@ def router_app_config(
     travel in the ``user_config`` too: hashes, never keys. An application ``access`` does not
     name (a model carried as it runs: its file is invalid now) keeps the access the ``deployed``
     router config gave it, else only its owner may call it. ``daemon`` (sha256 hex of the daemon's
-    own key, with keys only) may call every model: the daemon probes each through the router.
+    own key) may call every model (the daemon probes each through the router) and is what
+    authorizes ``GET /argus/usage``: it travels even without keys. With keys, ``limits``
+    (:func:`router_limits`) travels when cluster.yaml sets any rate limit.
     """
     router = cluster.serving.router
     user_config: dict[str, Any] = {"models": router_table(model_apps)}
+    if daemon:
+        user_config["daemon"] = daemon
     if keys is not None:
         user_config["keys"] = dict(sorted(keys.items()))
-        if daemon:
-            user_config["daemon"] = daemon
+        limits = router_limits(cluster)
+        if limits is not None:
+            user_config["limits"] = limits
         before = _deployed_access(deployed)
         given = access or {}
         user_config["access"] = {
@@ -237,6 +242,33 @@ def router_app_config(
             }
         ],
     }
+
+
+def router_limits(cluster: ClusterSpec) -> dict[str, Any] | None:
+    """The router's ``limits``: ``{"default": [rpm, tpm], "users": {u: [rpm, tpm]}, "teams":
+    {t: [rpm, tpm]}}`` (null: unlimited; a user or team without a limit of its own is left out),
+    or None when cluster.yaml sets no rate limit at all. Pure.
+
+    The router takes a user's entry whole, in place of the default; cluster.yaml overrides key by
+    key, so a key the user's entry leaves out is filled from the default here."""
+    default = cluster.serving.limits
+    users = {
+        u: [
+            p.requests_per_minute if p.requests_per_minute is not None else default.requests_per_minute,
+            p.tokens_per_minute if p.tokens_per_minute is not None else default.tokens_per_minute,
+        ]
+        for u, p in sorted((cluster.users or {}).items())
+        if p.requests_per_minute is not None or p.tokens_per_minute is not None
+    }
+    teams = {
+        t.name: [t.requests_per_minute, t.tokens_per_minute]
+        for t in sorted(cluster.teams.values(), key=lambda t: t.name)
+        if t.requests_per_minute is not None or t.tokens_per_minute is not None
+    }
+    pair = [default.requests_per_minute, default.tokens_per_minute]
+    if pair == [None, None] and not users and not teams:
+        return None
+    return {"default": pair, "users": users, "teams": teams}
 
 
 def _deployed_access(deployed: Mapping[str, Any] | None) -> dict[str, list[str] | None]:

@@ -28,7 +28,7 @@ from reconciler.observe.records import StatusRecords
 from reconciler.observe.serve import ServeObservation, observe_serve
 from reconciler.plan.actual import ActualJob, ActualModel, Capacity
 from reconciler.plan.disk import DiskUsage
-from reconciler.spec.types import ObjectKey, Paths
+from reconciler.spec.types import ClusterSpec, ObjectKey, Paths
 
 log = logging.getLogger("argus")
 
@@ -146,6 +146,13 @@ class Observer:
             # one (reconciler/serve_apps/router.py); without, it is not read.
             self._prober = ModelProber(url, post=partial(post_json, api_key=daemon_key(self.ownership_key)))
         return self._prober
+
+    def router_url(self, cluster: ClusterSpec) -> str | None:
+        """The Serve endpoint's base URL, where the router's usage meter is read; None when this
+        observer asks no model (no ``serve_url``)."""
+        if self.serve_url is None:
+            return None
+        return (self.serve_url or serve_url_beside(self.dash.base_url, cluster.serving.http_port)).rstrip("/")
 
     def memo_sizes(self) -> dict[str, int]:
         """How many entries each memo holds (the soak checks they stay bounded)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -15,8 +15,10 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from reconciler.status.usage import Totals
 
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -52,7 +54,10 @@ class Metrics:
         self._lock = threading.Lock()
         self._objects: dict[tuple[str, str], int] = {}
         self._last_applied = 0.0
+        # The usage totals (reconciler.observe.usage.UsageRecorder.totals); None: not counted.
+        self.usage: Callable[[], Totals] | None = None
         self.registry.register(_StateCollector(self))
+        self.registry.register(_UsageCollector(self))
 
     def tick(self, seconds: float) -> None:
         """Record one reconcile tick's duration."""
@@ -104,3 +109,40 @@ class _StateCollector(Collector):
             "Commit time of the last applied revision.",
             value=self.metrics._last_applied,
         )
+
+
+class _UsageCollector(Collector):
+    """Counters of the usage ledger's merged totals (docs/design/usage.md), read at each scrape.
+
+    Their label sets are bounded by the repository: users and models it does not know are
+    summed under ``(other)`` before they get here."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        source = self.metrics.usage
+        totals = source() if source is not None else Totals()
+        requests = CounterMetricFamily(
+            "argus_usage_requests", "Requests that reached a model, by user and model.", labels=["user", "model"]
+        )
+        for (user, model), n in sorted(totals.requests.items()):
+            requests.add_metric([user, model], n)
+        yield requests
+        tokens = CounterMetricFamily(
+            "argus_usage_tokens",
+            "Tokens by user, model and kind (prompt, completion).",
+            labels=["user", "model", "kind"],
+        )
+        for kind, table in (("prompt", totals.prompt_tokens), ("completion", totals.completion_tokens)):
+            for (user, model), n in sorted(table.items()):
+                tokens.add_metric([user, model, kind], n)
+        yield tokens
+        gpu = CounterMetricFamily(
+            "argus_usage_gpu_seconds",
+            "GPU-seconds of tasks and model replicas, by user, team and kind (task, model).",
+            labels=["user", "team", "kind"],
+        )
+        for (user, team, kind), seconds in sorted(totals.gpu_seconds.items()):
+            gpu.add_metric([user, team, kind], seconds)
+        yield gpu

@@ -27,6 +27,7 @@ from reconciler.spec.types import (
     ClusterSpec,
     DesiredState,
     Kind,
+    Limits,
     ModelSpec,
     ObjectKey,
     Paths,
@@ -462,7 +463,12 @@ def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
     users = None
     if "users" in data:
         users = {
-            u: UserPolicy(gpus=(p or {}).get("gpus"), tasks=(p or {}).get("tasks"))
+            u: UserPolicy(
+                gpus=(p or {}).get("gpus"),
+                tasks=(p or {}).get("tasks"),
+                requests_per_minute=(p or {}).get("requests_per_minute"),
+                tokens_per_minute=(p or {}).get("tokens_per_minute"),
+            )
             for u, p in (data["users"] or {}).items()
         }
     paths = Paths(**data.get("paths", {}))
@@ -471,6 +477,8 @@ def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
         serving_data["router"] = RouterSettings(**serving_data["router"])
     if serving_data.get("default_access") is not None:
         serving_data["default_access"] = tuple(serving_data["default_access"])
+    if "limits" in serving_data:
+        serving_data["limits"] = Limits(**(serving_data["limits"] or {}))
     serving = Serving(**serving_data)
     training_data = dict(data.get("training", {}))
     if "driver_resources" in training_data:
@@ -492,6 +500,8 @@ def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
             lending_limit=_quota(t.get("lending_limit")),
             weight=float(t.get("weight", 1)),
             priority_classes=tuple(t["priority_classes"]) if "priority_classes" in t else None,
+            requests_per_minute=t.get("requests_per_minute"),
+            tokens_per_minute=t.get("tokens_per_minute"),
         )
         for name, t in (data.get("teams") or {}).items()
     }

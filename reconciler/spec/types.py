@@ -47,6 +47,9 @@ class ObjectKey(NamedTuple):
 class UserPolicy:
     gpus: int | None = None  # quota; None = unlimited
     tasks: int | None = None  # most tasks running at once (each driver takes a driver slot); None = unlimited
+    # On the OpenAI endpoint, per minute; None: serving.limits' default (enforced only with API keys).
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None  # prompt + completion
 
 
 # Quota resources: GPUs, and driver slots (one per active task: every task's driver takes
@@ -74,6 +77,9 @@ class Team:
     lending_limit: Mapping[str, float] = field(default_factory=dict)
     weight: float = 1.0
     priority_classes: tuple[str, ...] | None = None
+    # The members together on the OpenAI endpoint, per minute; None: no team limit.
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
 
     def guaranteed(self, resource: str) -> float:
         """The part of the nominal quota never lent."""
@@ -121,6 +127,15 @@ class RouterSettings:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """``serving.limits``: each user's default rate limits on the OpenAI endpoint, per minute
+    (None: unlimited). ``users.<u>`` overrides them for one user; enforced only with API keys."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None  # prompt + completion
+
+
+@dataclass(frozen=True)
 class Serving:
     accelerator: Literal["gpu", "cpu"] = "gpu"
     accelerator_type: str | None = None
@@ -133,6 +148,7 @@ class Serving:
     # Who may call a model whose file has no `access:` (users or teams; "*": everyone with a key).
     # None: everyone with an API key. Enforced only with a keys file (argus daemon --api-keys).
     default_access: tuple[str, ...] | None = None
+    limits: Limits = field(default_factory=Limits)
 
 
 # verl tasks save every this many optimizer steps unless cluster.yaml says otherwise: what a preempted

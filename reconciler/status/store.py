@@ -172,6 +172,14 @@ class StatusStore:
                 self._advance(head)
             return self._snapshot
 
+    def files_under(self, prefix: str, commit: str | None = None) -> dict[str, Any]:
+        """The parsed files whose path starts with ``prefix`` (``usage/``) at the tip (or
+        ``commit``): path -> content. O(files held): for a start-up or a one-off read, not a
+        tick. Raises GitError when git cannot read them."""
+        self.read(commit)  # the store's lock is not re-entrant: read first, then copy under it
+        with self._lock:
+            return {p: v for p, (_b, v) in self._files.items() if p.startswith(prefix)}
+
     def adopt(
         self,
         commit: str,

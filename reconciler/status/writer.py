@@ -33,6 +33,7 @@ from reconciler.status.documents import ReadmeRows, dump, dump_json, object_docu
 from reconciler.status.persistent import evolved
 from reconciler.status.store import StatusSnapshot, StatusStore
 from reconciler.status.trust import StatusTrust
+from reconciler.status.usage import USAGE_DIR, is_usage_path
 
 log = logging.getLogger("argus")
 NOTES_REF = "argus"
@@ -76,6 +77,9 @@ class StatusReport:
     # that (the next tick's new task, while this report waited for the background writer) is not
     # removed by this report: its run must stay on record until a report that knows it.
     records_seen: int | None = None
+    # ``usage/<date>.json`` -> usage document (:mod:`reconciler.status.usage`): only the dates
+    # whose rows changed since the last report (the daemon hands them at most once a minute).
+    usage: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -342,6 +346,16 @@ class StatusWriter:
             self._refresh()
             return self._view().docs
 
+    def usage_documents(self) -> dict[str, Any]:
+        """The usage documents (``usage/<date>.json`` -> parsed JSON) of the commit argus builds
+        on: what a restarted daemon continues from. Raises GitError when git cannot read them."""
+        with self._lock:
+            self._refresh()
+            tip = self._tip
+        if tip is None:
+            return {}
+        return {p: v for p, v in self._store.files_under(USAGE_DIR, tip).items() if is_usage_path(p)}
+
     def record_runs(self, runs: list[tuple[Any, str, str]]) -> bool:
         """Record ``(task key, submission id, spec hash)`` runs as SUBMITTED on the branch, and
         push, before they are submitted: a run is on record before it can exist in Ray, so a
@@ -587,7 +601,15 @@ class StatusWriter:
         # Files that are neither an object's document nor argus's own (a branch argus did not
         # write) are dropped.
         # A commit this writer built holds no stray (each is dropped when first seen).
-        strays = [] if fed is not None else [p for p in known_blobs.keys() - previous.keys() if p not in ROOT_FILES]
+        strays = (
+            []
+            if fed is not None
+            else [
+                p
+                for p in known_blobs.keys() - previous.keys()
+                if p not in ROOT_FILES and not is_usage_path(p)  # usage documents are argus's too
+            ]
+        )
         changed: dict[str, bytes] = {}
         for path, doc in built.items():
             try:
@@ -598,6 +620,13 @@ class StatusWriter:
                 failed.update(k for k in (key_of_path(path),) if k is not None)
         written_docs = {path: built[path] for path in changed}
         rows.update({path: readme_row(path, doc) for path, doc in written_docs.items()})
+        usage_docs: dict[str, dict[str, Any]] = {}
+        for path, value in report.usage.items():
+            if not is_usage_path(path):
+                log.error("not a usage document path: %r", path)
+                continue
+            usage_docs[path] = self._safe(dict(value))
+            changed[path] = dump_json(usage_docs[path])
         root = self._root_document(report, known_root if isinstance(known_root, dict) else {})
         errors = [self.redact(e) for e in report.errors]
         if report.source_error:
@@ -642,7 +671,7 @@ class StatusWriter:
                 self._committed(commit)
             if (commit is not None or parent is not None) and self._tip == parent:
                 self._tip = now_at = commit or parent
-                values: dict[str, Any] = {**written_docs, ROOT_FILE: root}
+                values: dict[str, Any] = {**written_docs, **usage_docs, ROOT_FILE: root}
                 if "README.md" in changed:
                     values["README.md"] = changed["README.md"].decode("utf-8", errors="replace")
                 if actual_entries is not None:

@@ -7,6 +7,7 @@ the same against a fresh Ray head that never saw the job (the status branch is t
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -107,12 +108,23 @@ def test_a_restored_daemon_reruns_nothing(ray_head: RayHead, hf_cache: Path, tmp
         assert after == before, "the task's status changed"
         # With the key and anchors restored, its job is argus's own, its records and lease are trusted:
         # nothing to report (a lost key shows as foreign_job / lease_forged and rewrites records). The only
-        # status commit allowed is the cluster's capacity in actual.json: the Ray head is shared with other
-        # tests, whose actors may have freed a CPU since the backup.
+        # status commits allowed are the cluster's capacity in actual.json (the Ray head is shared with
+        # other tests, whose actors may have freed a CPU since the backup) and the run's GPU-seconds in its
+        # day's usage document, counted once from its job record (the first daemon reads records once a
+        # minute, and may have been backed up before it counted the finished run).
         log = second.log()
         for sign in ("foreign_job", "forged", "no longer in the repository", "does not descend"):
             assert sign not in log, log
         changed = git(new_repo, "diff", "--name-only", restored_status, "argus/status").split()
+        usage = [p for p in changed if p.startswith("usage/")]
+        for path in usage:
+            doc = json.loads(git(new_repo, "show", f"argus/status:{path}"))
+            runs = {(r["object"], r["run"]) for r in doc["gpu"]}
+            assert runs == {("dave/tasks/" + Path(TASK).stem, before.get("submission_id"))}, doc
+            job = dash.get(f"/api/jobs/{before.get('submission_id')}")
+            seconds = (job["end_time"] - job["start_time"]) / 1000.0
+            assert abs(sum(r["gpu_seconds"] for r in doc["gpu"]) - seconds) < 0.01, (doc, job)
+        changed = [p for p in changed if p not in usage]
         assert set(changed) <= {"actual.json"}, changed
         if changed:
             diff = git(new_repo, "diff", "-U0", restored_status, "argus/status", "--", "actual.json")

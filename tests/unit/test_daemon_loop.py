@@ -313,3 +313,28 @@ def test_a_timer_ticks_file_system_recheck_gives_way_to_a_push_within_a_bound(
     daemon.wake.set()
     daemon.refresh_fs()
     assert calls[-1] is None
+
+
+def test_the_daemon_records_a_tasks_gpu_seconds_on_the_status_branch(tmp_path: Path) -> None:
+    """The wiring of usage accounting (reconciler/loop.py): a finished GPU run's record becomes a
+    usage document of its day on the status branch, written once; a restarted daemon adds nothing."""
+    repo = ConfigRepo(tmp_path)
+    repo.write("cluster.yaml", cluster_yaml(tmp_path / "hf", tmp_path / "users", 8000))
+    repo.write("users/alice/tasks/g.yaml", {**TASK, "gpus_per_node": 1})
+    repo.commit_push("alice: g")
+    ray = FakeRay(gpus=8)
+    daemon = _daemon(repo, ray)
+    daemon.usage.interval = 0.0  # read every report, not once a minute
+    daemon.run_once()
+    (sid,) = ray.jobs
+    start = 1764903600  # 2025-12-05T03:00:00Z
+    ray.jobs[sid].update(status="SUCCEEDED", start_time=start * 1000, end_time=(start + 90) * 1000)
+    daemon.run_once()
+    path = "usage/2025-12-05.json"
+    doc = json.loads(git(repo.bare, "show", f"argus/status:{path}"))
+    assert [(r["object"], r["gpu_seconds"]) for r in doc["gpu"]] == [("alice/tasks/g", 90.0)]
+    again = _daemon(repo, ray)
+    again.usage.interval = 0.0
+    again.run_once()
+    assert json.loads(git(repo.bare, "show", f"argus/status:{path}")) == doc
+    assert len(git(repo.bare, "log", "--format=%H", "argus/status", "--", path).split()) == 1  # written once

@@ -92,3 +92,30 @@ def test_a_report_knows_the_runs_recorded_when_its_tick_ended() -> None:
     writer.records = 4  # the next tick records a run before the writer gets to this report
     held[0]()
     assert [r.records_seen for r in written] == [3]
+
+
+def test_a_report_carries_the_usage_documents_that_changed() -> None:
+    """The reporter asks the usage recorder (reconciler/observe/usage.py) off the tick's path; a
+    recorder that fails costs the usage documents of that report, never the status commit."""
+    from reconciler.plan.actions import Plan
+    from reconciler.plan.actual import ActualState
+
+    doc = {"version": 1, "date": "2026-12-05", "tokens": [], "gpu": [], "dropped": 0}
+    recorder: Any = SimpleNamespace(update=lambda desired, actual: {"usage/2026-12-05.json": doc})
+    written: list[Any] = []
+    writer: Any = SimpleNamespace(records=0, write=lambda report: written.append(report))
+    reporter = Reporter(None, writer, _Metrics(), usage=recorder)  # type: ignore[arg-type]
+    empty: dict[str, Any] = {"statuses": {}, "applied": set(), "failures": {}, "notes": [], "spec_ids": {}}
+    result: Any = SimpleNamespace(
+        revision="a" * 40, desired=DesiredState(cluster=ClusterSpec()), plan=Plan(), actual=ActualState(), subject="",
+        commit_time=0, **empty,
+    )  # fmt: skip
+    reporter.report(result)
+    assert written[-1].usage == {"usage/2026-12-05.json": doc}
+
+    def broken(desired: Any, actual: Any) -> Any:
+        raise RuntimeError("boom")
+
+    recorder.update = broken
+    reporter.report(result)
+    assert written[-1].usage == {} and len(written) == 2
