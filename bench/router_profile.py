@@ -14,18 +14,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ray import serve
 from ray.serve.deployment import Application
-from ray.serve.llm.ingress import make_fastapi_ingress
+from ray.serve.handle import DeploymentHandle
 
-from reconciler.serve_apps.router import ArgusIngress
+from reconciler.serve_apps.router import ArgusIngress, router_application
 
 DUMP_EVERY_S = 5.0
 
 
 class ProfiledIngress(ArgusIngress):
-    def __init__(self, dir: str) -> None:
-        super().__init__()
+    def __init__(self, meter: DeploymentHandle | None, dir: str) -> None:
+        super().__init__(meter)
         self._dir = Path(dir)
         self._profiler: cProfile.Profile | None = None
 
@@ -46,7 +45,4 @@ class ProfiledIngress(ArgusIngress):
 
 def build_router(args: dict[str, Any]) -> Application:
     """The router application with profiled replicas writing into ``args["dir"]``."""
-    ingress_cls = make_fastapi_ingress(ProfiledIngress)
-    return serve.deployment(  # type: ignore[attr-defined,no-any-return]
-        ingress_cls, name="ArgusRouter", max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0}
-    ).bind(args["dir"])
+    return router_application(ProfiledIngress, args["dir"])

@@ -5,7 +5,10 @@ One fresh private Ray head (CPU mode) runs, on one Serve instance, the tiny rand
 
 - **argus**: an argus model application plus ``argus-router`` at ``/`` with its default settings
   (two replicas minimum, autoscaling) and the model table in its ``user_config``, as the daemon
-  deploys it;
+  deploys it; with API keys, an access rule and rate limits on (issue 33): the clients send a
+  user's key, the model is another user's (callable by ``access: ['*']``), and that user's and
+  her team's per-minute limits are set far above what the run reaches, so every request is
+  checked, counted and metered but none refused (``--open``: no keys, limits or rules, as before);
 - **Ray's**: ``ray.serve.llm:build_openai_app`` with the same ``LLMConfig`` at ``/ray``, its
   ingress left at Ray's defaults.
 
@@ -26,7 +29,8 @@ every level, with both clients. Any failed request is reported. The load average
 is printed at the start and the end (other work on a shared machine moves the figures).
 
 Usage (from a fresh clone, with the dev environment): ``.venv/bin/python bench/router_vs_ray.py``
-(``--rounds 2 --seconds 10 --idle-seconds 60`` are the defaults). ``--profile DIR`` instead runs
+(``--rounds 2 --seconds 10 --idle-seconds 60`` are the defaults). ``--router-replicas N`` sets the
+router's minimum replica count (default: argus's default, 2). ``--profile DIR`` instead runs
 the router under cProfile (``bench/router_profile.py``) with 32 openai clients for 3x``--seconds``
 and prints where its event loop spends its time (a separate run: the profiler slows the router).
 """
@@ -43,6 +47,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +58,7 @@ from bench.router_throughput import side_by_side  # noqa: E402
 from reconciler.builders.serve import router_app_config, serve_config  # noqa: E402
 from reconciler.dashboard import Dashboard  # noqa: E402
 from reconciler.observe.serve import SERVE_APPS_PATH, observe_serve  # noqa: E402
+from reconciler.spec.types import ClusterSpec, Limits, Team  # noqa: E402
 
 LEVELS = (1, 8, 32)
 PATHS = ("argus", "ray")
@@ -98,6 +104,25 @@ def measured(pids: dict[str, list[int]], work: Callable[[], Any]) -> tuple[Any, 
     return result, {p: {pid: after[p].get(pid, s) - s for pid, s in before[p].items()} for p in pids}
 
 
+BENCH_KEY = "sk-argus-bench-client-7d3e91c04f"  # the clients' key (Ray's ingress ignores it)
+BENCH_USER, BENCH_TEAM, OWNER = "client", "bench-team", "bench"
+HIGH = 10_000_000  # per minute: far above what 2 cores serve, so the limits check but never refuse
+
+
+def secured(cluster: ClusterSpec, ours: dict[str, Any]) -> dict[str, Any]:
+    """The router's application config with keys, an access rule and limits on, as the daemon
+    builds it for a cluster.yaml with ``serving.limits`` and a team with limits of its own."""
+    import hashlib
+
+    cluster = replace(
+        cluster,
+        serving=replace(cluster.serving, limits=Limits(HIGH, HIGH)),
+        teams={BENCH_TEAM: Team(BENCH_TEAM, members=(BENCH_USER,), requests_per_minute=HIGH, tokens_per_minute=HIGH)},
+    )
+    keys = {hashlib.sha256(BENCH_KEY.encode()).hexdigest(): BENCH_USER}
+    return router_app_config(cluster, [ours], keys=keys, access={ours["name"]: ["*"]}, daemon="0" * 64)
+
+
 def openai_clients(base_url: str, model: str, clients: int, seconds: float, max_tokens: int) -> dict[str, Any]:
     """``clients`` threads loop on streaming chat completions for ``seconds``."""
     import openai
@@ -109,7 +134,7 @@ def openai_clients(base_url: str, model: str, clients: int, seconds: float, max_
     deadline = time.monotonic() + seconds
 
     def loop() -> None:
-        client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=120)
+        client = openai.OpenAI(base_url=base_url, api_key=BENCH_KEY, max_retries=0, timeout=120)
         while time.monotonic() < deadline:
             start = time.monotonic()
             first = None
@@ -249,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--skip-vllm-client", action="store_true")
     parser.add_argument("--profile", metavar="DIR", help="profile the router instead of comparing")
+    parser.add_argument("--open", action="store_true", help="no API keys, access rules or limits")
+    parser.add_argument("--router-replicas", type=int, help="the router's minimum replicas (default: argus's)")
     args = parser.parse_args(argv)
 
     from reconciler.testing.ray_head import start_head
@@ -262,7 +289,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         dash = Dashboard(head.dashboard_url)
         cluster, spec, ours, theirs = side_by_side(source, head.serve_port)
-        router = router_app_config(cluster, [ours])
+        if args.router_replicas is not None:
+            settings = replace(cluster.serving.router, min_replicas=args.router_replicas)
+            cluster = replace(cluster, serving=replace(cluster.serving, router=settings))
+        router = router_app_config(cluster, [ours]) if args.open else secured(cluster, ours)
+        os.environ["OPENAI_API_KEY"] = BENCH_KEY  # vLLM's benchmark client sends it as the bearer key
+        log(f"router: {'open' if args.open else 'keys, access rules and limits on'}; {router['deployments'][0]}")
         if args.profile:
             Path(args.profile).mkdir(parents=True, exist_ok=True)
             router.update(import_path="bench.router_profile:build_router", args={"dir": str(Path(args.profile))})

@@ -714,12 +714,18 @@ def build_router(args: dict[str, Any] | None = None) -> Application:
     format does, so that Serve restarts replicas whose code cannot read the new one (a change of
     ``user_config`` alone reaches running replicas in place, old code included).
     """
+    return router_application(ArgusIngress)
+
+
+def router_application(ingress: type[ArgusIngress], *args: Any) -> Application:
+    """The router application of ``ingress`` (ArgusIngress, or a subclass such as the profiled one
+    of bench/router_profile.py), each replica built with the meter's handle and then ``args``."""
     # Our own FastAPI app (Ray's, plus a handler): Ray's error middleware answers a 429 without
     # its Retry-After header.
     app = init()
     app.add_exception_handler(RateLimitExceeded, rate_limited_response)
     endpoints = {**DEFAULT_ENDPOINTS, "argus_usage": lambda fastapi_app: fastapi_app.get("/argus/usage")}
-    ingress_cls = make_fastapi_ingress(ArgusIngress, endpoint_map=endpoints, app=app)
+    ingress_cls = make_fastapi_ingress(ingress, endpoint_map=endpoints, app=app)
     # One meter replica holds the global rate windows and usage rows (reconciler/serve_apps/meter.py);
     # it does little, so it reserves no CPU either.
     meter = serve.deployment(
@@ -734,4 +740,4 @@ def build_router(args: dict[str, Any] | None = None) -> Application:
         name="ArgusRouter",
         max_ongoing_requests=1000,
         ray_actor_options={"num_cpus": 0},
-    ).bind(meter)  # type: ignore[attr-defined]
+    ).bind(meter, *args)  # type: ignore[attr-defined]

@@ -7,6 +7,12 @@ no key or a wrong one is a 401 with an OpenAI-shaped error body; alice's key lis
 model; bob's key gets 404 for it exactly as for a model that does not exist, and does not see it
 in ``/v1/models`` (nor by ``/v1/models/<name>``). Alice then opens it (``access: ['*']``): bob's
 calls answer 200 and no replica restarts. Last, the admin removes bob's line: his key is a 401.
+
+Then limits and usage (items 3 and 4): carol may make CAROL_RPM requests a minute. Past them she
+gets 429 with ``Retry-After`` while bob's requests, made at the same time, all answer; after
+``Retry-After`` seconds she is admitted again. The usage documents the daemon writes on the status
+branch (read with ``argus usage --json``) then hold, per user, exactly the requests and the usage
+fields of the responses each client received.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import hashlib
 import json
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -36,6 +44,8 @@ TINY = "argus-test/tiny-llama"
 DEPLOY_TIMEOUT_S = 900.0  # a vLLM load on a loaded 2-core machine
 QUESTION = [{"role": "user", "content": "Say hello"}]
 ALICE_KEY, BOB_KEY = "sk-argus-e2e-alice-3f9c2a7d1b", "sk-argus-e2e-bob-8e41d0c6a2"
+CAROL_KEY = "sk-argus-e2e-carol-51be07aa94"
+CAROL_RPM = 4
 MODEL = "users/alice/models/secret.yaml"
 
 
@@ -49,6 +59,7 @@ class Env:
     head: RayHead
     dash: Dashboard
     keys: Path
+    cluster: dict[str, Any]
 
     def reconcile(self) -> dict[str, Any]:
         cmd = [sys.executable, "-m", "reconciler.cli", "reconcile", "--once", "--repo", str(self.repo.bare)]
@@ -87,11 +98,12 @@ def env(ray_head: RayHead, tiny_llama: Path, hf_cache: Path, tmp_path_factory: p
     keys = root / "api-keys"  # the admin's file, outside the repository
     keys.write_text(f"# user  sha256 of the key\nalice {sha(ALICE_KEY)}\nbob {sha(BOB_KEY)}\n")
     repo = ConfigRepo(root)
-    repo.write("cluster.yaml", cluster_yaml(hf_cache, users, ray_head.serve_port, users={"alice": {}, "bob": {}}))
+    cluster = cluster_yaml(hf_cache, users, ray_head.serve_port, users={"alice": {}, "bob": {}})
+    repo.write("cluster.yaml", cluster)
     repo.commit_push("cluster")
     dash = Dashboard(ray_head.dashboard_url)
     try:
-        yield Env(repo, ray_head, dash, keys)
+        yield Env(repo, ray_head, dash, keys, cluster)
     finally:
         # The router too: the next module's reconcile deploys it again without keys (an open endpoint).
         remove_apps(dash, lambda name: name.startswith("argus--alice--") or name == ROUTER_APP)
@@ -177,6 +189,156 @@ def test_keys_and_a_private_model(env: Env) -> None:
 
     wait_for(refused, "bob's revoked key to be refused", timeout=120, every=2)
     assert answer(alice, alias)
+
+
+class Seen:
+    """What one user's client received: answered requests and the usage fields of their responses."""
+
+    def __init__(self) -> None:
+        self.requests = self.prompt = self.completion = 0
+        self.lock = threading.Lock()
+
+    def add(self, usage: Any) -> None:
+        assert usage is not None, "a response without usage"
+        with self.lock:
+            self.requests += 1
+            self.prompt += usage.prompt_tokens
+            self.completion += usage.completion_tokens
+
+    def figures(self) -> tuple[int, int, int]:
+        return self.requests, self.prompt, self.completion
+
+
+def chat(client: Any, model: str, seen: Seen, stream: bool = False) -> None:
+    """One chat completion whose usage ``seen`` records (a stream asks for its usage chunk)."""
+    if not stream:
+        seen.add(client.chat.completions.create(model=model, messages=QUESTION, max_tokens=8, temperature=0).usage)
+        return
+    chunks = client.chat.completions.create(
+        model=model,
+        messages=QUESTION,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    usage = [c.usage for c in chunks if c.usage is not None]
+    assert len(usage) == 1, usage
+    seen.add(usage[0])
+
+
+def usage_totals(env: Env) -> dict[str, tuple[int, int, int]]:
+    """Per user (requests, prompt tokens, completion tokens) of the status branch's usage documents."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "reconciler.cli", "usage", "--json", "--repo", str(env.repo.bare)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if proc.returncode != 0:  # no status branch yet, or no usage document
+        return {}
+    totals = json.loads(proc.stdout)["totals"]
+    return {u: (t["requests"], t["prompt_tokens"], t["completion_tokens"]) for u, t in totals.items()}
+
+
+def test_limits_429_while_others_pass_and_usage_equals_the_responses(env: Env) -> None:
+    import openai
+
+    env.keys.write_text(f"alice {sha(ALICE_KEY)}\nbob {sha(BOB_KEY)}\ncarol {sha(CAROL_KEY)}\n")
+    env.cluster["users"] = {"alice": {}, "bob": {}, "carol": {"requests_per_minute": CAROL_RPM}}
+    env.repo.write("cluster.yaml", env.cluster)
+    env.repo.write(MODEL, model_yaml(TINY, access=["*"]))
+    env.repo.commit_push("carol joins with a limit; alice's model open to every key")
+
+    def ready() -> dict[str, Any] | None:
+        objs = {o["object"]: o for o in env.reconcile().get("objects", [])}
+        secret = objs.get("alice/models/secret")
+        if not (secret and secret["state"] == "RUNNING" and secret["replicas"]["ready"] == 1):
+            return None
+        # The router took the new table (keys, limits) in place on every replica.
+        return secret if observe_serve(env.dash).statuses.get(ROUTER_APP) == "RUNNING" else None
+
+    secret = wait_for(ready, "alice's open model RUNNING, the router updated", timeout=DEPLOY_TIMEOUT_S, every=3)
+    alias = secret["alias"]
+    alice, bob, carol = env.client(ALICE_KEY), env.client(BOB_KEY), env.client(CAROL_KEY)
+    wait_for(lambda: all(alias in listed(carol) for _ in range(6)), "carol to see the model", timeout=120, every=2)
+    before = usage_totals(env)
+    seen = {user: Seen() for user in ("alice", "bob", "carol")}
+
+    chat(alice, alias, seen["alice"])
+    chat(alice, alias, seen["alice"], stream=True)
+    chat(bob, alias, seen["bob"])
+
+    # Carol's requests and refusals below fall within one wall-clock minute: there the sliding
+    # window counts exactly (from the next minute on, her count weighs less each second).
+    into = time.time() % 60
+    if into > 10:
+        time.sleep(60.5 - into)
+    minute_end = (time.time() // 60 + 1) * 60 - 1
+
+    # Carol, a request every 1.5 s (each router replica has synced with the meter in between):
+    # exactly CAROL_RPM answer, whichever replica each reaches.
+    first: openai.RateLimitError | None = None
+    for i in range(3 * CAROL_RPM):
+        try:
+            chat(carol, alias, seen["carol"], stream=i % 2 == 1)
+        except openai.RateLimitError as exc:
+            first = exc
+            break
+        time.sleep(1.5)
+    assert first is not None and seen["carol"].requests == CAROL_RPM, seen["carol"].figures()
+    assert first.status_code == 429
+    body = first.response.json()
+    assert body["error"]["type"] == "RateLimitExceeded" and body["error"]["code"] == 429, body
+    retry_after = int(first.response.headers["retry-after"])
+    assert 1 <= retry_after <= 120, retry_after
+
+    # Carol at her limit does not stop bob: his requests, made while she keeps asking, all answer.
+    refusals: list[int] = []
+    stop = threading.Event()
+
+    def hammer() -> None:
+        while not stop.is_set() and time.time() < minute_end:
+            try:
+                chat(carol, alias, seen["carol"])
+            except openai.RateLimitError as exc:
+                refusals.append(int(exc.response.headers["retry-after"]))
+
+    thread = threading.Thread(target=hammer)
+    thread.start()
+    try:
+        for i in range(4):
+            chat(bob, alias, seen["bob"], stream=i % 2 == 0)
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert refusals and seen["carol"].requests == CAROL_RPM, (len(refusals), seen["carol"].figures())
+    assert seen["bob"].requests == 5
+
+    # Retry-After tells the truth: after it, carol is admitted again.
+    time.sleep(refusals[-1] + 0.5)
+    chat(carol, alias, seen["carol"])
+
+    # The usage documents equal what the clients received (the daemon's probes are its own user).
+    mismatch: dict[str, Any] = {}
+
+    def matches() -> bool:
+        env.reconcile()
+        now = usage_totals(env)
+        mismatch.clear()
+        for user, got in seen.items():
+            was = before.get(user, (0, 0, 0))
+            recorded = tuple(a - b for a, b in zip(now.get(user, (0, 0, 0)), was, strict=True))
+            if recorded != got.figures():
+                mismatch[user] = {"recorded": recorded, "responses": got.figures()}
+        return not mismatch
+
+    try:
+        wait_for(matches, "the usage documents to equal the responses' usage", timeout=180, every=5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {mismatch}") from None
+    assert matches(), mismatch  # and they stay equal: nothing is counted twice
 
 
 def _shape(body: dict[str, Any], name: str) -> tuple[Any, ...]:
