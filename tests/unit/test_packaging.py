@@ -316,7 +316,8 @@ def test_self_service_api_keys_are_written_by_the_git_server_and_read_by_the_dae
         assert not any("api-keys" in str(v) for v in services[name].get("volumes", [])), name
     entrypoint = (ROOT / "images" / "git-server" / "entrypoint").read_text()
     assert 'self_keys="${ARGUS_SELF_KEYS-/srv/api-keys/keys}"' in entrypoint
-    assert 'install -d -o git -g git -m 0755 "${self_keys%/*}"' in entrypoint and "ARGUS_SELF_KEYS=$self_keys" in entrypoint
+    assert 'install -d -o git -g git -m 0755 "${self_keys%/*}"' in entrypoint
+    assert "ARGUS_SELF_KEYS=$self_keys" in entrypoint
 
 
 def test_state_folder_is_on_a_named_volume() -> None:
