@@ -9,8 +9,8 @@ Like the allowed-signers file, it lives outside the repository and is read again
 (:class:`KeysFile` looks at its size, modification time and inode on every tick): an admin adds or
 revokes a key without restarting the daemon. Bad lines are reported with ``file:line`` (once per
 change of the file) and skipped; the other keys still work. A file that cannot be read, or is
-larger than MAX_BYTES, admits no key at all (every request is a 401) until it is fixed: a broken
-file fails closed, never open.
+larger than MAX_BYTES, admits none of its keys (the only file: every request is a 401) until it is
+fixed: a broken file fails closed, never open.
 
 Several files may be given (:class:`KeysFiles`): the admin's and the git server's self-service file, where
 ``ssh git@HOST key new`` stores the hash of a key a user made for herself (images/git-server/argus-shell). Their

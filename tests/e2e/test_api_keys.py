@@ -7,6 +7,9 @@ no key or a wrong one is a 401 with an OpenAI-shaped error body; alice's key lis
 model; bob's key gets 404 for it exactly as for a model that does not exist, and does not see it
 in ``/v1/models`` (nor by ``/v1/models/<name>``). Alice then opens it (``access: ['*']``): bob's
 calls answer 200 and no replica restarts. Last, the admin removes bob's line: his key is a 401.
+Then the git server's self-service file beside the admin's (a second ``--api-keys``): bob's key made by
+``argus-shell``'s ``key new`` is a 200, mallory's (not a user of cluster.yaml) a 401, and after ``key revoke``
+bob's is a 401 again.
 """
 
 from __future__ import annotations
@@ -49,10 +52,12 @@ class Env:
     head: RayHead
     dash: Dashboard
     keys: Path
+    self_keys: Path | None = None  # the git server's self-service file, a second --api-keys
 
     def reconcile(self) -> dict[str, Any]:
         cmd = [sys.executable, "-m", "reconciler.cli", "reconcile", "--once", "--repo", str(self.repo.bare)]
         cmd += ["--ray", self.head.dashboard_url, "--format", "json", "--api-keys", str(self.keys)]
+        cmd += ["--api-keys", str(self.self_keys)] if self.self_keys else []
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
         try:
             doc: dict[str, Any] = json.loads(proc.stdout)
@@ -177,6 +182,38 @@ def test_keys_and_a_private_model(env: Env) -> None:
 
     wait_for(refused, "bob's revoked key to be refused", timeout=120, every=2)
     assert answer(alice, alias)
+
+
+def test_self_made_keys_beside_the_admins(env: Env) -> None:
+    """After the first test: alice's model is open to everyone with a key; bob's admin line is gone."""
+    import openai
+
+    from tests.unit.test_git_server_keys import load_shell
+
+    shell = load_shell()
+    env.self_keys = env.keys.parent / "self-service-keys"  # as the git server writes it
+    bob_key, bob_id = shell.key_new("bob", str(env.self_keys), 5, 0.0)
+    mallory_key, _ = shell.key_new("mallory", str(env.self_keys), 5, 0.0)
+    bob, mallory = env.client(bob_key), env.client(mallory_key)
+    alias = f"alice-{MODEL.rsplit('/', 1)[1].removesuffix('.yaml')}"
+
+    def refused(client: Any) -> bool:
+        try:
+            listed(client)
+        except openai.AuthenticationError:
+            return True
+        return False
+
+    wait_for(
+        lambda: env.reconcile() and all(alias in listed(bob) for _ in range(6)),
+        "bob's self-made key accepted",
+        timeout=120,
+        every=2,
+    )
+    assert answer(bob, alias)
+    assert all(refused(mallory) for _ in range(6)), "a key of a user cluster.yaml does not declare"
+    shell.key_revoke("bob", str(env.self_keys), bob_id)
+    wait_for(lambda: env.reconcile() and all(refused(bob) for _ in range(6)), "bob's revoked key refused", timeout=120)
 
 
 def _shape(body: dict[str, Any], name: str) -> tuple[Any, ...]:
