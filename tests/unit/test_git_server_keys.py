@@ -12,6 +12,7 @@ from types import ModuleType
 
 import pytest
 
+from reconciler.observe import api_keys
 from reconciler.observe.api_keys import parse_keys
 
 SCRIPT = Path(__file__).resolve().parents[2] / "images" / "git-server" / "argus-shell"
@@ -122,3 +123,10 @@ def test_other_lines_are_kept_as_they_are(tmp_path: Path) -> None:
     _, a = shell.key_new("alice", str(path), 5, NOW)
     shell.key_revoke("alice", str(path), a)
     assert path.read_text() == f"# written by hand\nbob {'c' * 64}\n"
+
+
+def test_the_shell_writes_what_the_daemon_reads() -> None:
+    """argus-shell cannot import argus (the git server image has none): its copies of the daemon's user name
+    pattern and size bound must stay the same."""
+    assert shell.KEY_USER.pattern == api_keys.USER_RE.pattern.removeprefix("^").removesuffix("$")
+    assert shell.MAX_KEYS_FILE == api_keys.MAX_BYTES
