@@ -390,6 +390,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         writer,
         observe_interval=args.observe_interval,
         fetch_interval=args.fetch_interval,
+        usage_interval=args.usage_interval,
         # Named by host and listen address: no two live daemons share it (the address is bound),
         # and a daemon restarted after kill -9 takes its own lease back at once.
         lease=Lease(source, f"{socket.gethostname()}:{args.listen}", ttl=max(30.0, 6 * args.observe_interval)),
@@ -633,6 +634,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         forge_signers=_names(args.forge_signers),
         forge_pull_refs=args.forge_pull_refs or None,
         keys_dir=args.keys_dir,
+        api_keys=tuple(_api_keys(args)),
         timeout=args.timeout,
     )
     results = run_checks(settings)
@@ -642,7 +644,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         for result in results:
             print(redact(result.line()))
         failed = sum(not r.ok for r in results)
-        print(f"{len(results) - failed} ok, {failed} FAIL")
+        warned = sum(r.warning for r in results)
+        print(f"{len(results) - failed - warned} ok, " + (f"{warned} warn, " if warned else "") + f"{failed} FAIL")
     return 1 if any(not r.ok for r in results) else 0
 
 
@@ -819,6 +822,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=float(_env("FETCH_INTERVAL", "15") or 15),
         help="seconds between fetches of a remote repository (default: 15) [ARGUS_FETCH_INTERVAL]",
     )
+    d.add_argument(
+        "--usage-interval",
+        type=float,
+        default=float(_env("USAGE_INTERVAL", "60") or 60),
+        help="seconds between reads of the router's usage meter, and so between usage documents' "
+        "updates (default: 60) [ARGUS_USAGE_INTERVAL]",
+    )
     d.set_defaults(func=cmd_run)
 
     st = sub.add_parser(
@@ -942,6 +952,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--forge-pull-refs", default=_env("FORGE_PULL_REFS"), metavar="PATTERN", help="[ARGUS_FORGE_PULL_REFS]"
     )
     dr.add_argument("--keys-dir", default=_env("KEYS_DIR"), help="the users' <user>.pub files [ARGUS_KEYS_DIR]")
+    dr.add_argument("--api-keys", action="append", metavar="FILE[,FILE...]", help="the API keys files [ARGUS_API_KEYS]")
     dr.add_argument("--timeout", type=float, default=10.0, help="seconds each check may take (default: 10)")
     dr.add_argument("--format", choices=["text", "json"], default="text")
     dr.set_defaults(func=cmd_doctor)
@@ -1095,11 +1106,12 @@ def _source_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--api-keys",
-        default=_env("API_KEYS"),
-        metavar="FILE",
+        action="append",
+        metavar="FILE[,FILE...]",
         help="API keys file outside the repository, one `<user> <sha256 hex of the key>` a line, read again when "
-        "it changes: the OpenAI endpoint then answers only requests with one of those keys and applies the "
-        "models' access rules (default: none, the endpoint is open) [ARGUS_API_KEYS]",
+        "it changes; given more than once or as a comma-separated list (the admin's file and the git server's "
+        "self-service file), their keys are united: the OpenAI endpoint then answers only requests with one of "
+        "those keys and applies the models' access rules (default: none, the endpoint is open) [ARGUS_API_KEYS]",
     )
     p.add_argument(
         "--admins",
@@ -1164,6 +1176,14 @@ def _signing(args: argparse.Namespace) -> SigningPolicy:
     return policy
 
 
+def _api_keys(args: argparse.Namespace) -> list[str]:
+    """The API keys files: every ``--api-keys`` given, else ARGUS_API_KEYS (each a comma-separated list)."""
+    from reconciler.observe.api_keys import split_paths
+
+    given = getattr(args, "api_keys", None)
+    return split_paths(given if given else _env("API_KEYS"))
+
+
 def _names(value: str | None) -> tuple[str, ...]:
     """``a, b,c`` as ``("a", "b", "c")``."""
     return tuple(a.strip() for a in (value or "").split(",") if a.strip())
@@ -1184,7 +1204,7 @@ def _parts(args: argparse.Namespace, source: Any) -> Any:
         state_dir=state_dir,
         ownership_key=load_or_create_key(state_dir),  # ARGUS_OWNERSHIP_KEY, else <state dir>/ownership.key
         serve_url=None if args.serve_url == "off" else ("" if args.serve_url == "auto" else args.serve_url),
-        api_keys=os.path.abspath(args.api_keys) if args.api_keys else None,
+        api_keys=_api_keys(args),
     )
 
 

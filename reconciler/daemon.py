@@ -7,7 +7,7 @@ log lines, metrics) in :mod:`reconciler.report`.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import partial
 
 from reconciler.apply.applier import Applier, RecordRuns
@@ -15,7 +15,7 @@ from reconciler.apply.ownership import load_or_create_key
 from reconciler.dashboard import Dashboard
 from reconciler.fscache import CachedFS
 from reconciler.loop import Daemon
-from reconciler.observe.api_keys import KeysFile
+from reconciler.observe.api_keys import KeysFiles, split_paths
 from reconciler.observe.observer import Observer
 from reconciler.report import Reporter
 from reconciler.source.localfs import LocalFS
@@ -73,7 +73,7 @@ def build_parts(
     status_docs: StatusDocs | None = None,
     record_runs: RecordRuns | None = None,
     serve_url: str | None = None,
-    api_keys: str | None = None,
+    api_keys: str | Sequence[str] | None = None,
 ) -> Parts:
     """The parts that reconcile ``branch`` of ``source`` with the Ray cluster behind ``dash``.
 
@@ -85,8 +85,10 @@ def build_parts(
     the status branch's documents (default: read the branch; the daemon gives its status writer's);
     ``record_runs``: see :class:`~reconciler.tick.Parts`; ``serve_url``: where models are asked for
     a real answer before they count as RUNNING ("": the dashboard's host at ``serving.http_port``;
-    None: Serve's status alone); ``api_keys``: the admin's API keys file the router checks callers
-    against (:mod:`reconciler.observe.api_keys`; None: the OpenAI endpoint is open)."""
+    None: Serve's status alone); ``api_keys``: the API keys files the router checks callers against, the
+    admin's and the git server's self-service one (:mod:`reconciler.observe.api_keys`; none: the OpenAI
+    endpoint is open)."""
+    key_files = split_paths(api_keys)
     key = ownership_key if ownership_key is not None else load_or_create_key(state_dir or default_state_dir())
     revisions = RevisionReader(
         source,
@@ -103,7 +105,7 @@ def build_parts(
         revisions=revisions,
         observer=Observer(dash, key, serve_url),
         applier=Applier(
-            dash, secrets_env=secrets, ownership_key=key, api_keys=KeysFile(api_keys).read if api_keys else None
+            dash, secrets_env=secrets, ownership_key=key, api_keys=KeysFiles(key_files).read if key_files else None
         ),
         status_docs=status_docs or partial(trusted_documents, source.repo.path, STATUS_BRANCH, key),
         record_runs=record_runs,

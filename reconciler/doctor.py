@@ -28,6 +28,7 @@ from reconciler import git
 from reconciler.builders.serve import ROUTER_APP
 from reconciler.dashboard import Dashboard
 from reconciler.errors import ArgusError, GitError
+from reconciler.observe.api_keys import KeysFiles, known_users
 from reconciler.observe.capacity import NODES_PATH
 from reconciler.observe.serve import SERVE_APPS_PATH
 from reconciler.source.remote import is_local
@@ -50,6 +51,10 @@ class CheckFailed(ArgusError):
         self.fix = fix
 
 
+class CheckWarned(CheckFailed):
+    """A check found something that works but deserves a look (an open endpoint): a ``warn`` line, not a FAIL."""
+
+
 @dataclass(frozen=True)
 class Result:
     """One check's outcome: ``detail`` is what was found; ``fix`` what to do when it failed."""
@@ -58,11 +63,13 @@ class Result:
     ok: bool
     detail: str
     fix: str = ""
+    warning: bool = False  # ok, but worth a look (the exit status stays 0)
 
     def line(self) -> str:
-        """``ok    name: detail`` or ``FAIL  name: detail -> fix``."""
-        tail = f" -> {self.fix}" if self.fix and not self.ok else ""
-        return f"{'ok  ' if self.ok else 'FAIL'}  {self.name}: {self.detail}{tail}"
+        """``ok    name: detail``, ``warn  name: detail -> fix`` or ``FAIL  name: detail -> fix``."""
+        tail = f" -> {self.fix}" if self.fix and (self.warning or not self.ok) else ""
+        word = "warn" if self.warning else "ok  " if self.ok else "FAIL"
+        return f"{word}  {self.name}: {self.detail}{tail}"
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,7 @@ class Settings:
     forge_signers: tuple[str, ...] = ()
     forge_pull_refs: str | None = None
     keys_dir: str | None = None
+    api_keys: tuple[str, ...] = ()  # the API keys files (ARGUS_API_KEYS)
     timeout: float = 10.0
 
 
@@ -410,6 +418,35 @@ def check_gpus(settings: Settings) -> str:
     return f"{gpus_total:g} GPU, {slots_total:g} driver slots: {summary}"
 
 
+def check_api_keys(settings: Settings) -> str:
+    if not settings.api_keys:
+        raise CheckWarned(
+            "none configured: the OpenAI endpoint is open, anyone who reaches it can call every model",
+            "set ARGUS_API_KEYS (docs/admins/api-keys.md)",
+        )
+    cluster = _cluster(settings)
+    files = KeysFiles(settings.api_keys)
+    keys = files.read()
+    problems = files.problems
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise CheckFailed(
+            "; ".join(str(p) for p in problems[:5]) + more, "fix or delete those lines (docs/admins/api-keys.md)"
+        )
+    parts = []
+    for file in files.files:
+        mine = file.read()
+        parts.append(
+            f"{file.path} absent"
+            if file.absent
+            else f"{file.path}: {len(mine)} key(s) of {len(set(mine.values()))} user(s)"
+        )
+    known = known_users(keys, cluster.users)
+    ignored = sorted(set(keys.values()) - set(known.values()))
+    tail = f"; ignored, not users of cluster.yaml: {', '.join(ignored)}" if ignored else ""
+    return f"closed, {len(known)} key(s) of {len(set(known.values()))} user(s): {'; '.join(parts)}{tail}"
+
+
 def _users(settings: Settings, cluster: ClusterSpec) -> list[str]:
     names = set(cluster.users or {})
     if settings.keys_dir and os.path.isdir(settings.keys_dir):
@@ -470,6 +507,7 @@ CHECKS: tuple[tuple[str, Callable[[Settings], str]], ...] = (
     ("state folder", check_state_folder),
     ("ownership", check_ownership_key),
     ("signing", check_signing),
+    ("api keys", check_api_keys),
     ("gpus and driver slots", check_gpus),
     ("users' homes", check_users_root),
 )
@@ -486,6 +524,8 @@ def run_checks(
     def one(name: str, check: Callable[[Settings], str]) -> None:
         try:
             results[name] = Result(name, True, check(settings))
+        except CheckWarned as exc:
+            results[name] = Result(name, True, str(exc), exc.fix, warning=True)
         except CheckFailed as exc:
             results[name] = Result(name, False, str(exc), exc.fix)
         except Exception as exc:  # a probe's own bug must not hide the other checks

@@ -23,7 +23,7 @@ from typing import Any
 from reconciler.backoff import Backoff
 from reconciler.errors import RayUnavailable, SourceUnavailable, TemporaryError
 from reconciler.observe.api_keys import daemon_key
-from reconciler.observe.usage import UsageRecorder
+from reconciler.observe.usage import PULL_INTERVAL_S, UsageRecorder
 from reconciler.plan.memory import Memory
 from reconciler.redact import Redactor
 from reconciler.report import Reporter
@@ -80,6 +80,7 @@ class Daemon:
         *,
         observe_interval: float = 5.0,
         fetch_interval: float = 15.0,
+        usage_interval: float = PULL_INTERVAL_S,
         metrics: Metrics | None = None,
         lease: Lease | None = None,
         redact: Callable[[str], str] | None = None,
@@ -100,6 +101,7 @@ class Daemon:
             getattr(parts.observer, "router_url", _no_router),
             daemon_key(parts.ownership_key),
             writer.usage_documents,
+            interval=usage_interval,
         )
         self.usage.on_error = self.metrics.error
         self.metrics.usage = lambda: self.usage.totals

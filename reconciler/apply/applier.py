@@ -32,7 +32,7 @@ from reconciler.errors import (
     StatusBranchBlocked,
     TemporaryError,
 )
-from reconciler.observe.api_keys import daemon_key, key_hash
+from reconciler.observe.api_keys import daemon_key, key_hash, known_users
 from reconciler.observe.jobs import resume_point
 from reconciler.observe.serve import ServeObservation
 from reconciler.plan.actions import Action, ActionType, Plan
@@ -89,7 +89,8 @@ class Applied:
 
 class Applier:
     """Applies plans to one Ray cluster (``secrets_env`` reach jobs; ``ownership_key`` signs them;
-    ``api_keys`` returns the admin's keys, sha256 hex -> user, for the router: None, an open endpoint)."""
+    ``api_keys`` returns the keys files' keys, sha256 hex -> user, for the router: None, an open endpoint; the
+    keys of users cluster.yaml's ``users:`` does not declare are left out)."""
 
     def __init__(
         self,
@@ -329,7 +330,7 @@ class Applier:
         # Keys are read on every tick: a new or revoked key reaches the router. The daemon's own key
         # travels even without a keys file: it authorizes the router's usage endpoint.
         auth = RouterAuth(
-            self.api_keys() if self.api_keys is not None else None,
+            known_users(self.api_keys(), desired.cluster.users) if self.api_keys is not None else None,
             model_access(desired.models.values(), desired.cluster),
             daemon=key_hash(daemon_key(self.ownership_key)),
         )

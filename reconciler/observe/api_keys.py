@@ -1,4 +1,4 @@
-"""The admin's API keys file (``argus daemon --api-keys FILE``, ``ARGUS_API_KEYS``). I/O.
+"""The API keys files (``argus run --api-keys FILE[,FILE...]``, ``ARGUS_API_KEYS``). I/O.
 
 One line per key: ``<user> <sha256 hex of the key>``; blank lines and ``#`` comments are allowed.
 The file holds hashes, never keys: a user makes her key herself and sends the admin its line (as
@@ -9,8 +9,16 @@ Like the allowed-signers file, it lives outside the repository and is read again
 (:class:`KeysFile` looks at its size, modification time and inode on every tick): an admin adds or
 revokes a key without restarting the daemon. Bad lines are reported with ``file:line`` (once per
 change of the file) and skipped; the other keys still work. A file that cannot be read, or is
-larger than MAX_BYTES, admits no key at all (every request is a 401) until it is fixed: a broken
-file fails closed, never open.
+larger than MAX_BYTES, admits none of its keys (the only file: every request is a 401) until it is
+fixed: a broken file fails closed, never open.
+
+Several files may be given (:class:`KeysFiles`): the admin's and the git server's self-service file, where
+``ssh git@HOST key new`` stores the hash of a key a user made for herself (images/git-server/argus-shell). Their
+lines are united; a hash already in an earlier file stays that file's. Each file fails on its own: a broken
+file admits none of its keys, the others still work (fewer keys, never more). A file that does not exist yet
+(the admin's, before there is one) holds no key. With any file configured the endpoint is closed: a request
+needs a key one of them lists. :func:`known_users` drops the keys of users ``cluster.yaml`` does not declare
+(when it declares ``users:``), so that removing a user there ends her self-made keys too.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import hmac
 import logging
 import os
 import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 log = logging.getLogger("argus")
@@ -105,6 +114,8 @@ class KeysFile:
         """
         try:
             st = os.stat(self.path)
+        except FileNotFoundError:
+            return self._absent()
         except OSError as exc:
             return self._failed((-1, -1, -1), f"cannot read the API keys file: {exc.strerror}")
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
@@ -128,8 +139,77 @@ class KeysFile:
         self._stamp, self._keys, self.problems = stamp, keys, problems
         return keys
 
+    def _absent(self) -> dict[str, str]:
+        stamp = (-2, -2, -2)
+        if stamp == self._stamp:
+            return self._keys  # the same dict: KeysFiles rebuilds nothing
+        log.warning("%s: no such API keys file (yet): no key from it", self.path)
+        self._stamp, self._keys, self.problems = stamp, {}, []
+        return self._keys
+
+    @property
+    def absent(self) -> bool:
+        """Whether the last read found no file at the path."""
+        return self._stamp == (-2, -2, -2)
+
     def _failed(self, stamp: tuple[int, int, int], message: str) -> dict[str, str]:
-        if stamp != self._stamp:
-            log.error("%s: %s: no API key is accepted until it is fixed", self.path, message)
+        if stamp == self._stamp:
+            return self._keys
+        log.error("%s: %s: no API key from it is accepted until it is fixed", self.path, message)
         self._stamp, self._keys, self.problems = stamp, {}, [KeyProblem(self.path, 0, message)]
         return self._keys
+
+
+def split_paths(values: Iterable[str] | str | None) -> list[str]:
+    """The keys files of ``--api-keys`` (given once or more, each a comma-separated list) or ARGUS_API_KEYS,
+    absolute, in order, each once. Pure but for the current directory."""
+    items = [values] if isinstance(values, str) else list(values or [])
+    out: list[str] = []
+    for item in items:
+        for part in item.split(","):
+            path = os.path.abspath(part.strip()) if part.strip() else ""
+            if path and path not in out:
+                out.append(path)
+    return out
+
+
+class KeysFiles:
+    """Several keys files read as one: the union of their keys, a hash owned by the first file that holds it
+    (a later file's line for it is a problem at its ``file:line``)."""
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self.files = [KeysFile(p) for p in paths]
+        self._parts: list[dict[str, str]] = []
+        self._keys: dict[str, str] = {}
+        self._clashes: list[KeyProblem] = []
+
+    def read(self) -> dict[str, str]:
+        """Return sha256 hex -> user of every file as it is now (a new dict only when one changed). Never raises."""
+        parts = [f.read() for f in self.files]
+        if len(parts) == len(self._parts) and all(a is b for a, b in zip(parts, self._parts, strict=True)):
+            return self._keys
+        keys: dict[str, str] = {}
+        clashes: list[KeyProblem] = []
+        for file, part in zip(self.files, parts, strict=True):
+            for digest, user in part.items():
+                if digest in keys:
+                    clashes.append(KeyProblem(file.path, 0, f"a key hash of {user}'s is already {keys[digest]}'s"))
+                    continue
+                keys[digest] = user
+        for clash in clashes[:20]:
+            log.warning("%s: skipped", clash)
+        self._parts, self._keys, self._clashes = parts, keys, clashes
+        return keys
+
+    @property
+    def problems(self) -> list[KeyProblem]:
+        """Every file's skipped lines and failures of the last read, then the hashes two files hold."""
+        return [p for f in self.files for p in f.problems] + self._clashes
+
+
+def known_users(keys: Mapping[str, str], users: Collection[str] | None) -> dict[str, str]:
+    """``keys`` without the keys of users not in ``users`` (None: cluster.yaml declares no ``users:``, every
+    key counts). Pure."""
+    if users is None:
+        return dict(keys)
+    return {digest: user for digest, user in keys.items() if user in users}

@@ -7,6 +7,9 @@ no key or a wrong one is a 401 with an OpenAI-shaped error body; alice's key lis
 model; bob's key gets 404 for it exactly as for a model that does not exist, and does not see it
 in ``/v1/models`` (nor by ``/v1/models/<name>``). Alice then opens it (``access: ['*']``): bob's
 calls answer 200 and no replica restarts. Last, the admin removes bob's line: his key is a 401.
+Then the git server's self-service file beside the admin's (a second ``--api-keys``): bob's key made by
+``argus-shell``'s ``key new`` is a 200, mallory's (not a user of cluster.yaml) a 401, and after ``key revoke``
+bob's is a 401 again.
 
 Then limits and usage (items 3 and 4): carol may make CAROL_RPM requests a minute. Past them she
 gets 429 with ``Retry-After`` while bob's requests, made at the same time, all answer; after
@@ -36,6 +39,7 @@ from reconciler.builders.serve import ROUTER_APP, app_name
 from reconciler.dashboard import Dashboard
 from reconciler.observe.serve import observe_serve
 from reconciler.testing.ray_head import RayHead
+from tests.e2e.test_daemon import DaemonProc
 from tests.support import ConfigRepo, cluster_yaml, model_yaml, remove_apps, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -60,10 +64,12 @@ class Env:
     dash: Dashboard
     keys: Path
     cluster: dict[str, Any]
+    self_keys: Path | None = None  # the git server's self-service file, a second --api-keys
 
     def reconcile(self) -> dict[str, Any]:
         cmd = [sys.executable, "-m", "reconciler.cli", "reconcile", "--once", "--repo", str(self.repo.bare)]
         cmd += ["--ray", self.head.dashboard_url, "--format", "json", "--api-keys", str(self.keys)]
+        cmd += ["--api-keys", str(self.self_keys)] if self.self_keys else []
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
         try:
             doc: dict[str, Any] = json.loads(proc.stdout)
@@ -191,6 +197,44 @@ def test_keys_and_a_private_model(env: Env) -> None:
     assert answer(alice, alias)
 
 
+def test_self_made_keys_beside_the_admins(env: Env) -> None:
+    """After the first test: alice's model is open to everyone with a key; bob's admin line is gone."""
+    import openai
+
+    from tests.unit.test_git_server_keys import load_shell
+
+    shell = load_shell()
+    env.self_keys = env.keys.parent / "self-service-keys"  # as the git server writes it
+    bob_key, bob_id = shell.key_new("bob", str(env.self_keys), 5, 0.0)
+    mallory_key, _ = shell.key_new("mallory", str(env.self_keys), 5, 0.0)
+    bob, mallory = env.client(bob_key), env.client(mallory_key)
+    alias = f"alice-{MODEL.rsplit('/', 1)[1].removesuffix('.yaml')}"
+
+    def refused(client: Any) -> bool:
+        try:
+            listed(client)
+        except openai.AuthenticationError:
+            return True
+        return False
+
+    def accepted(client: Any) -> bool:
+        try:
+            return alias in listed(client)
+        except openai.AuthenticationError:
+            return False  # the router replicas take the new table a moment after the reconcile
+
+    wait_for(
+        lambda: env.reconcile() and all(accepted(bob) for _ in range(6)),
+        "bob's self-made key accepted",
+        timeout=120,
+        every=2,
+    )
+    assert answer(bob, alias)
+    assert all(refused(mallory) for _ in range(6)), "a key of a user cluster.yaml does not declare"
+    shell.key_revoke("bob", str(env.self_keys), bob_id)
+    wait_for(lambda: env.reconcile() and all(refused(bob) for _ in range(6)), "bob's revoked key refused", timeout=120)
+
+
 class Seen:
     """What one user's client received: answered requests and the usage fields of their responses."""
 
@@ -243,8 +287,6 @@ def usage_totals(env: Env) -> dict[str, tuple[int, int, int]]:
 
 
 def test_limits_429_while_others_pass_and_usage_equals_the_responses(env: Env) -> None:
-    import openai
-
     env.keys.write_text(f"alice {sha(ALICE_KEY)}\nbob {sha(BOB_KEY)}\ncarol {sha(CAROL_KEY)}\n")
     env.cluster["users"] = {"alice": {}, "bob": {}, "carol": {"requests_per_minute": CAROL_RPM}}
     env.repo.write("cluster.yaml", env.cluster)
@@ -261,9 +303,32 @@ def test_limits_429_while_others_pass_and_usage_equals_the_responses(env: Env) -
 
     secret = wait_for(ready, "alice's open model RUNNING, the router updated", timeout=DEPLOY_TIMEOUT_S, every=3)
     alias = secret["alias"]
-    alice, bob, carol = env.client(ALICE_KEY), env.client(BOB_KEY), env.client(CAROL_KEY)
+    carol = env.client(CAROL_KEY)
     wait_for(lambda: all(alias in listed(carol) for _ in range(6)), "carol to see the model", timeout=120, every=2)
-    before = usage_totals(env)
+    # From here the daemon (`argus run`; `reconcile` writes no status) runs, reading the router's
+    # meter every 2 s; the usage it records first is the earlier tests' (the meter's rows are
+    # cumulative): the figures below are what this test adds to it.
+    files = ",".join(str(f) for f in (env.keys, env.self_keys) if f is not None)
+    daemon = DaemonProc(env.repo, env.head, env.keys.parent)
+    daemon.start(extra_env={"ARGUS_API_KEYS": files, "ARGUS_USAGE_INTERVAL": "2"})
+    try:
+        _limits_and_usage(env, daemon, alias)
+    finally:
+        daemon.stop()
+
+
+def _limits_and_usage(env: Env, daemon: DaemonProc, alias: str) -> None:
+    import openai
+
+    alice, bob, carol = env.client(ALICE_KEY), env.client(BOB_KEY), env.client(CAROL_KEY)
+    totals: list[dict[str, tuple[int, int, int]]] = []
+
+    def settled() -> bool:
+        totals.append(usage_totals(env))
+        return len(totals) > 2 and "alice" in totals[-1] and totals[-1] == totals[-2] == totals[-3]
+
+    wait_for(settled, "the daemon to record the earlier tests' usage", timeout=180, every=3)
+    before = totals[-1]
     seen = {user: Seen() for user in ("alice", "bob", "carol")}
 
     chat(alice, alias, seen["alice"])
@@ -324,7 +389,6 @@ def test_limits_429_while_others_pass_and_usage_equals_the_responses(env: Env) -
     mismatch: dict[str, Any] = {}
 
     def matches() -> bool:
-        env.reconcile()
         now = usage_totals(env)
         mismatch.clear()
         for user, got in seen.items():
@@ -335,10 +399,11 @@ def test_limits_429_while_others_pass_and_usage_equals_the_responses(env: Env) -
         return not mismatch
 
     try:
-        wait_for(matches, "the usage documents to equal the responses' usage", timeout=180, every=5)
+        wait_for(matches, "the usage documents to equal the responses' usage", timeout=180, every=3)
+        time.sleep(6)  # three more reads of the meter: nothing is counted twice
+        assert matches(), mismatch
     except AssertionError as exc:
-        raise AssertionError(f"{exc}: {mismatch}") from None
-    assert matches(), mismatch  # and they stay equal: nothing is counted twice
+        raise AssertionError(f"{exc}: {mismatch}\n{daemon.log()[-4000:]}") from None
 
 
 def _shape(body: dict[str, Any], name: str) -> tuple[Any, ...]:

@@ -146,6 +146,7 @@ class Env:
         self.alice = Client(stack, "alice", tmp)
         self.bob = Client(stack, "bob", tmp)
         self.timings: dict[str, float] = {}
+        self.api_keys: dict[str, str] = {}  # each user's API key, made over the git server's SSH
 
     def state(self, path: str) -> dict[str, Any]:
         return self.alice.status().get(path) or {}
@@ -309,6 +310,16 @@ def git_ssh(env: Env, user: str, *command: str, timeout: float = 120) -> subproc
     )
 
 
+def api_key(env: Env, user: str) -> str:
+    """``user``'s API key for the OpenAI endpoint, made once with ``ssh git@... key new`` (the endpoint is closed
+    by default: the daemon reads the git server's self-service keys file)."""
+    if user not in env.api_keys:
+        made = git_ssh(env, user, "key", "new")
+        assert made.returncode == 0 and made.stdout.startswith(f"argus-{user}-"), made.stderr
+        env.api_keys[user] = made.stdout.strip()
+    return env.api_keys[user]
+
+
 def test_users_read_status_and_logs_over_the_git_servers_ssh(env: Env) -> None:
     """The key alice pushes with reads status and her own logs from the git server (no host account, no
     tunnel); bob's key cannot read hers; nothing but the argus commands and git runs."""
@@ -425,12 +436,22 @@ def test_the_daemon_is_untouched_by_the_probe(env: Env, head_probe: dict[str, An
 def test_model_runs_on_a_worker_and_answers_openai(env: Env) -> None:
     doc = wait_for(lambda: env.running(MODEL_A), "alice's model RUNNING", timeout=600, every=5)
     env.timings["push_to_running_s"] = time.monotonic() - env.timings.pop("push_started")
-    from openai import OpenAI
+    from openai import AuthenticationError, OpenAI
 
-    client = OpenAI(base_url=env.stack.url("ARGUS_OPENAI_PORT", "/v1"), api_key="unused")
-    answer = client.chat.completions.create(
-        model=doc["served_name"], messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0
-    )
+    base = env.stack.url("ARGUS_OPENAI_PORT", "/v1")
+    chat = {"model": doc["served_name"], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    with pytest.raises(AuthenticationError):  # closed by default: a key is needed
+        OpenAI(base_url=base, api_key="unused", max_retries=0).chat.completions.create(**chat, temperature=0)
+    # Her key, made over the git server's SSH, reaches the router at the daemon's next tick.
+    client = OpenAI(base_url=base, api_key=api_key(env, "alice"), max_retries=0)
+
+    def answered() -> Any:
+        try:
+            return client.chat.completions.create(**chat, temperature=0)
+        except AuthenticationError:
+            return None
+
+    answer = wait_for(answered, "alice's new API key accepted", timeout=60, every=2)
     assert answer.choices[0].message.content is not None
     for service, expect in (("head", False), ("worker-1", None), ("worker-2", None)):
         ps = env.stack.exec(service, "ps", "-eo", "args").stdout
@@ -467,7 +488,8 @@ def test_doctor_in_the_daemons_container_says_everything_works(env: Env) -> None
     print(proc.stdout, file=sys.stderr)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [line for line in proc.stdout.splitlines() if line.startswith(("ok", "FAIL"))]
-    assert len(lines) == 12 and all(line.startswith("ok") for line in lines), proc.stdout
+    assert len(lines) == 13 and all(line.startswith("ok") for line in lines), proc.stdout
+    assert any(line.startswith("ok    api keys: closed, ") for line in lines), proc.stdout
     assert "0 FAIL" in proc.stdout
 
 
@@ -589,7 +611,8 @@ def answers(env: Env, path: str) -> bool:
     from openai import OpenAI
 
     name = env.state(path).get("served_name")
-    client = OpenAI(base_url=env.stack.url("ARGUS_OPENAI_PORT", "/v1"), api_key="unused", timeout=30, max_retries=0)
+    key = api_key(env, path.split("/")[1])  # the model's owner's
+    client = OpenAI(base_url=env.stack.url("ARGUS_OPENAI_PORT", "/v1"), api_key=key, timeout=30, max_retries=0)
     answer = client.chat.completions.create(
         model=str(name), messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0
     )

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.observe.api_keys import KeysFile, key_hash
 from reconciler.server import start_server
 from reconciler.server.core import HttpServer
 from reconciler.server.metrics import Metrics
@@ -41,6 +42,7 @@ SSHD = "/usr/sbin/sshd"
 GIT_ENV = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
 ALLOWED = "allowed: status [USER[/KIND[/NAME]]], logs USER/tasks/NAME"
 REQUEST_S = 5  # argus-shell's bound on one request (a log read: twice that)
+MAX_KEYS = 3  # API keys per user (ARGUS_SELF_KEYS_MAX; the image's default is 5)
 
 
 def require_sshd() -> None:
@@ -121,6 +123,11 @@ class Server:
     @property
     def repo(self) -> Path:
         return self.root / "srv" / "config.git"
+
+    @property
+    def self_keys(self) -> Path:
+        """The self-service API keys file (ARGUS_SELF_KEYS), in a folder of the account's, as the entrypoint has it."""
+        return self.root / "api-keys" / "keys"
 
     def key(self, who: str) -> Path:
         return self.root / "client" / who
@@ -246,6 +253,8 @@ def server() -> Iterator[Server]:
         )
         subprocess.run(["usermod", "--password", "*", account], check=True)
         shutil.chown(root / "srv", account, account)
+        (root / "api-keys").mkdir(mode=0o755)
+        shutil.chown(root / "api-keys", account, account)
         # The bare repository and its hook, as the entrypoint makes them (as the account).
         repo = root / "srv" / "config.git"
         setup = (
@@ -280,7 +289,10 @@ def server() -> Iterator[Server]:
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation folder (the image has it)
         host, web_port = web.server_address
         # The entrypoint's variable, and a shorter request bound than the image's 60 s for the test of it.
-        session_env = f"ARGUS_SERVER=http://{host}:{web_port} ARGUS_SHELL_REQUEST_S={REQUEST_S}"
+        session_env = (
+            f"ARGUS_SERVER=http://{host}:{web_port} ARGUS_SHELL_REQUEST_S={REQUEST_S} "
+            f"ARGUS_SELF_KEYS={root / 'api-keys' / 'keys'} ARGUS_SELF_KEYS_MAX={MAX_KEYS}"
+        )
         # As the image's entrypoint starts it: in the foreground, the daemon's address handed to sessions.
         sshd = subprocess.Popen(
             [SSHD, "-D", "-e", "-f", str(root / "sshd_config"), "-o", f"SetEnv={session_env}"],
@@ -471,3 +483,79 @@ def test_a_quiet_follow_ends_when_the_client_leaves(server: Server) -> None:
         client.kill()
         client.wait()
     assert server.live.quiet_closed.wait(15), "the daemon kept a follower for a client that had left"
+
+
+# --- `key new|list|revoke`: the key owner's own API keys ---------------------------------------------------
+
+
+def key_ids(server: Server, who: str) -> list[str]:
+    proc = server.ssh(who, "key", "list")
+    assert proc.returncode == 0 and proc.stdout.splitlines()[0].split() == ["ID", "CREATED"], proc
+    return [line.split()[0] for line in proc.stdout.splitlines()[1:-1]]
+
+
+def test_a_user_makes_lists_and_revokes_her_own_api_keys(server: Server) -> None:
+    made = server.ssh("alice", "key", "new")
+    assert made.returncode == 0, made.stderr
+    key = made.stdout.strip()
+    assert made.stdout == key + "\n" and key.startswith("argus-alice-"), made.stdout  # alone on stdout
+    digest = key_hash(key)
+    assert f"your new API key {digest[:12]} (shown this once" in made.stderr
+    # The daemon's reader finds her key's hash, hers, and the file holds no key.
+    text = server.self_keys.read_text()
+    assert key not in text and KeysFile(str(server.self_keys)).read()[digest] == "alice"
+    assert (server.self_keys.stat().st_mode & 0o777) == 0o644
+    assert digest[:12] in key_ids(server, "alice") and digest[:12] not in key_ids(server, "bob")
+    assert key not in server.log()  # sshd never sees what a command prints
+    revoked = server.ssh("alice", "key", "revoke", digest[:12])
+    assert revoked.returncode == 0 and f"revoked {digest[:12]}" in revoked.stdout, revoked
+    assert digest not in server.self_keys.read_text() and digest[:12] not in key_ids(server, "alice")
+
+
+def test_a_hostile_user_can_neither_see_nor_revoke_nor_make_anothers_key(server: Server) -> None:
+    made = server.ssh("alice", "key", "new")
+    digest = key_hash(made.stdout.strip())
+    before = server.self_keys.read_text()
+    try:
+        for command in (
+            ["key", "revoke", digest[:12]],  # her id, from somewhere
+            ["key", "revoke", digest],  # her whole hash
+            ["key", "revoke", digest[:8].upper()],
+        ):
+            proc = server.ssh("bob", *command)
+            assert proc.returncode == 1 and "none of your keys has the id" in proc.stderr, (command, proc)
+        for command in (
+            ["key", "new", "alice"],  # the owner is the SSH key's, never an argument
+            ["key", "list", "alice"],
+            ["key", "new", "--user=alice"],
+            ["key", "revoke"],
+            ["key", "revoke", "*"],
+            ["key", "revoke", "../alice"],
+            ["key"],
+            ["key", "new;", "id"],
+            ["key", "new", "&&", "id"],
+        ):
+            proc = server.ssh("bob", *command)
+            assert proc.returncode == 1 and proc.stdout == "" and "uid=" not in proc.stderr, (command, proc)
+            assert proc.stderr.startswith("argus: ") and proc.stderr.count("\n") == 1, (command, proc.stderr)
+        assert server.self_keys.read_text() == before  # nothing changed, nothing of bob's either
+        assert digest[:12] not in server.ssh("bob", "key", "list").stdout
+    finally:
+        server.ssh("alice", "key", "revoke", digest[:12])
+
+
+def test_each_user_holds_at_most_the_limit(server: Server) -> None:
+    ids = [key_hash(server.ssh("bob", "key", "new").stdout.strip())[:12] for _ in range(MAX_KEYS)]
+    try:
+        assert key_ids(server, "bob") == ids
+        refused = server.ssh("bob", "key", "new")
+        assert refused.returncode == 1 and refused.stdout == "", refused
+        assert f"you have {MAX_KEYS} keys, the most one user may have" in refused.stderr
+        assert f"({MAX_KEYS} of at most {MAX_KEYS} keys)" in server.ssh("bob", "key", "list").stdout
+        made = server.ssh("alice", "key", "new")  # his limit is not hers
+        assert made.returncode == 0, made.stderr
+        server.ssh("alice", "key", "revoke", key_hash(made.stdout.strip())[:12])
+    finally:
+        for key_id in ids:
+            server.ssh("bob", "key", "revoke", key_id)
+    assert key_ids(server, "bob") == []

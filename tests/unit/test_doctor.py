@@ -13,7 +13,7 @@ import pytest
 
 from reconciler import cli, doctor
 from reconciler.doctor import CheckFailed, Result, Settings, run_checks
-from reconciler.spec.types import ClusterSpec, Paths
+from reconciler.spec.types import ClusterSpec, Paths, UserPolicy
 from tests.support import git, status_test_repo
 
 
@@ -183,3 +183,36 @@ def test_signing_names_the_forges_and_needs_their_keys(tmp_path: Path) -> None:
         doctor.check_signing(dataclasses.replace(on, forge_signers=("gitea",)))
     with pytest.raises(CheckFailed, match="also admin"):
         doctor.check_signing(dataclasses.replace(on, forge_signers=("admin",)))
+
+
+def test_api_keys_none_configured_is_a_warning_not_a_fail(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("ARGUS_API_KEYS", raising=False)
+    monkeypatch.setattr(doctor, "CHECKS", (("fine", lambda s: "yes"), ("api keys", doctor.check_api_keys)))
+    assert cli.main(["doctor", "--timeout", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "warn  api keys: none configured: the OpenAI endpoint is open" in out and "-> set ARGUS_API_KEYS" in out
+    assert "1 ok, 1 warn, 0 FAIL" in out
+
+
+def test_api_keys_reports_each_file_its_users_and_bad_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    admin, own = tmp_path / "admin", tmp_path / "self"
+    a, b, m = ("a" * 64, "b" * 64, "c" * 64)
+    own.write_text(f"alice {a}  # 2026-12-05T02:50:00Z\nbob {b}\nmallory {m}\n")
+    settings = Settings(api_keys=(str(admin), str(own)))
+    line = doctor.check_api_keys(settings)
+    assert line == f"closed, 3 key(s) of 3 user(s): {admin} absent; {own}: 3 key(s) of 3 user(s)"
+    users = {"alice": UserPolicy(), "bob": UserPolicy()}
+    monkeypatch.setattr(doctor, "_cluster", lambda settings: ClusterSpec(users=users))
+    assert doctor.check_api_keys(settings).startswith("closed, 2 key(s) of 2 user(s): ")
+    assert doctor.check_api_keys(settings).endswith("; ignored, not users of cluster.yaml: mallory")
+    admin.write_text(f"alice {a[:40]}\n")
+    with pytest.raises(CheckFailed, match=f"{admin}:1: the second field looks like a key") as failed:
+        doctor.check_api_keys(settings)
+    assert "docs/admins/api-keys.md" in failed.value.fix
+    # As the CLI gives them: ARGUS_API_KEYS, a comma-separated list; --api-keys once or more instead.
+    monkeypatch.setenv("ARGUS_API_KEYS", f"{admin},{own}")
+    assert cli._api_keys(cli.build_parser().parse_args(["doctor"])) == [str(admin), str(own)]
+    args = cli.build_parser().parse_args(["doctor", "--api-keys", str(own), "--api-keys", f"{admin},{own}"])
+    assert cli._api_keys(args) == [str(own), str(admin)]

@@ -303,6 +303,23 @@ def test_allowed_signers_name_each_key_by_its_file(tmp_path: Path) -> None:
     assert out.read_text().splitlines() == ["alice ssh-ed25519 AAAAa alice@laptop", "bob ssh-ed25519 AAAAb bob"]
 
 
+def test_self_service_api_keys_are_written_by_the_git_server_and_read_by_the_daemon_only() -> None:
+    """`ssh git@<host> key new` writes the hash into the api-keys volume; the daemon reads it (read-only) beside
+    the admin's file, so the OpenAI endpoint is closed by default; no other service mounts it."""
+    services = COMPOSE["services"]
+    assert "api-keys:/srv/api-keys" in services["git"]["volumes"]
+    assert "api-keys:/srv/api-keys:ro" in services["argus"]["volumes"]
+    assert services["git"]["environment"]["ARGUS_SELF_KEYS"] == "/srv/api-keys/keys"
+    files = services["argus"]["environment"]["ARGUS_API_KEYS"].split(",")
+    assert files == ["/run/argus/api_keys", "/srv/api-keys/keys"] and "api-keys" in COMPOSE["volumes"]
+    for name in (*RAY_NODES, "files"):
+        assert not any("api-keys" in str(v) for v in services[name].get("volumes", [])), name
+    entrypoint = (ROOT / "images" / "git-server" / "entrypoint").read_text()
+    assert 'self_keys="${ARGUS_SELF_KEYS-/srv/api-keys/keys}"' in entrypoint
+    assert 'install -d -o git -g git -m 0755 "${self_keys%/*}"' in entrypoint
+    assert "ARGUS_SELF_KEYS=$self_keys" in entrypoint
+
+
 def test_state_folder_is_on_a_named_volume() -> None:
     daemon = COMPOSE["services"]["argus"]
     assert "argus-state:/var/cache/argus" in daemon["volumes"]
