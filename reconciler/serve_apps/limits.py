@@ -13,8 +13,8 @@ reconciler/serve_apps/meter.py) owns the global windows and the usage rows; its 
 deltas it receives to minutes. Each router replica decides alone with its :class:`Counters`: the
 global windows of its last sync plus what it admitted and counted since (unsynced), so a busy
 replica's requests cost no remote call. A replica syncs every SYNC_BUSY_S while it had traffic in the last
-BUSY_FOR_S, and not at all when idle (the windows it would learn of are older than two minutes by
-then, i.e. zero anyway). Overshoot bound: a replica does not see what another admitted since
+BUSY_FOR_S (its last counts are flushed then), and not at all when idle: an idle router costs no
+meter call. Overshoot bound: a replica does not see what another admitted since
 that one's last sync, nor what reached the meter after its own last sync, so with R replicas, a
 sync period P (SYNC_BUSY_S plus the sync's latency) and a caller admitted at rate r by each
 replica, one window admits at most ``limit + 2 * (R - 1) * r * P`` requests (e.g. 4 replicas,

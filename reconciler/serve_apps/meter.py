@@ -36,7 +36,7 @@ from reconciler.serve_apps.usage import metered
 logger = logging.getLogger("ray.serve")
 
 SYNC_BUSY_S = 0.5  # a replica that had traffic in the last BUSY_FOR_S syncs this often
-BUSY_FOR_S = 120.0  # after that an idle replica stops syncing (its windows are zero by then)
+BUSY_FOR_S = 10.0  # then an idle replica stops syncing (its next limited request syncs first: STALE_S)
 SYNC_TIMEOUT_S = 2.0  # bound on one sync or usage call to the meter
 STALE_S = 2 * SYNC_BUSY_S  # windows older than this are refreshed before a limited request is decided
 FRESHEN_TIMEOUT_S = 0.25  # bound on that refresh: past it, the request is decided with what is known
