@@ -1,4 +1,4 @@
-"""``argus usage`` (reconciler/cli_usage.py) against a real repository whose status branch the
+"""``argus usage`` (reconciler/cli/usage.py) against a real repository whose status branch the
 real status writer built from a real ledger, read from a user's clone as ``argus status`` reads
 it; and the pure summing and table."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.cli import main
-from reconciler.cli_usage import render, summarise
+from reconciler.cli.usage import render, summarise
 from reconciler.source.remote import open_source
 from reconciler.status.auth import status_key
 from reconciler.status.usage import Job, Ledger

@@ -1,0 +1,7 @@
+"""``python -m reconciler.cli``: the ``argus`` command."""
+
+import sys
+
+from reconciler.cli import main
+
+sys.exit(main())
