@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -26,6 +25,7 @@ from reconciler.observe.serve import ServeObservation
 from reconciler.serve_apps import router
 from reconciler.serve_apps.router import ArgusIngress, Auth, Caller, InvalidApiKey, ModelNotFound, parse_auth
 from reconciler.spec.types import ClusterSpec, ModelSpec, ObjectKey, Serving, Team
+from tests.unit.test_router_refresh import settled
 
 ALICE_KEY, BOB_KEY, CARL_KEY = "sk-alice-0123456789", "sk-bob-0123456789", "sk-carl-0123456789"
 
@@ -93,13 +93,7 @@ def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeServe]:
 
 
 async def replica(table: Any = TABLE) -> ArgusIngress:
-    ingress = ArgusIngress()
-    await ingress.reconfigure(table)
-    assert ingress._task is not None
-    ingress._task.cancel()
-    await asyncio.gather(ingress._task, return_exceptions=True)
-    await ingress._read_since(time.monotonic())
-    return ingress
+    return await settled(ArgusIngress(), table)
 
 
 def request(key: str | None = None, scheme: str = "Bearer") -> Any:

@@ -31,6 +31,7 @@ from tests.unit.test_router_auth import (
     call,
     request,
 )
+from tests.unit.test_router_refresh import settled
 
 DAEMON_KEY = "the-daemons-key"
 USAGE_CHUNK = 'data: {"id":"1","choices":[],"usage":{"prompt_tokens":60,"completion_tokens":50}}\n\n'
@@ -67,13 +68,7 @@ def table(limits: dict[str, Any], keys: bool = True) -> dict[str, Any]:
 
 
 async def replica(config: dict[str, Any], meter: Handle | None = None) -> ArgusIngress:
-    ingress = ArgusIngress(meter)  # type: ignore[arg-type]
-    await ingress.reconfigure(config)
-    assert ingress._task is not None
-    ingress._task.cancel()
-    await asyncio.gather(ingress._task, return_exceptions=True)
-    await ingress._read_since(0.0)
-    return ingress
+    return await settled(ArgusIngress(meter), config)  # type: ignore[arg-type]
 
 
 async def drain(answer: Any) -> list[Any]:

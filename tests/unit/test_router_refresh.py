@@ -71,10 +71,15 @@ def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeServe]:
 
 async def replica(table: Any = TABLE) -> ArgusIngress:
     """A router replica that has taken ``table`` and finished its first read of Serve."""
-    ingress = ArgusIngress()
+    return await settled(ArgusIngress(), table)
+
+
+async def settled(ingress: ArgusIngress, table: Any) -> ArgusIngress:
+    """``ingress`` once it has taken ``table`` and finished a read of Serve, its background refresh
+    stopped (each test makes every further read itself)."""
     await ingress.reconfigure(table)
     assert ingress._task is not None
-    ingress._task.cancel()  # no background refresh: each test makes every read itself
+    ingress._task.cancel()
     await asyncio.gather(ingress._task, return_exceptions=True)
     await ingress._read_since(time.monotonic())
     return ingress
