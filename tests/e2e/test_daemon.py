@@ -7,6 +7,7 @@ webhooks, kill -9 at named points, signed commits, delete by push.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -16,7 +17,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,17 @@ from reconciler.observe.serve import observe_serve
 from reconciler.spec.types import ObjectKey
 from reconciler.status.branch import read_documents
 from reconciler.testing.ray_head import RayHead, free_port
-from tests.support import ArgusRun, ConfigRepo, cluster_yaml, git, model_yaml, remove_apps, site_repo, wait_for
+from tests.support import (
+    ArgusRun,
+    ConfigRepo,
+    cluster_yaml,
+    git,
+    model_yaml,
+    remove_apps,
+    site_repo,
+    stop_users_runs,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -82,6 +93,24 @@ class DaemonProc:
 
     def log(self) -> str:
         return self.run.log() if self.run is not None else ""
+
+
+@contextlib.contextmanager
+def daemon_for(
+    head: RayHead, root: Path, users: Collection[str], apps_of: Collection[str] = ()
+) -> Iterator[DaemonProc]:
+    """A daemon (not started) for a fresh config repository under ``root``. On exit it is stopped,
+    then the runs of ``users`` and the applications of ``apps_of`` are removed from the shared
+    head: the next test counts on their GPUs being free again."""
+    proc = DaemonProc(ConfigRepo(root), head, root)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+        dash = Dashboard(head.dashboard_url)
+        stop_users_runs(dash, users)
+        if apps_of:
+            remove_apps(dash, lambda name: any(name.startswith(f"argus--{user}--") for user in apps_of))
 
 
 @dataclass

@@ -22,8 +22,8 @@ import pytest
 from reconciler.dashboard import Dashboard
 from reconciler.status.branch import read_documents
 from reconciler.testing.ray_head import RayHead
-from tests.e2e.test_daemon import DaemonProc
-from tests.support import ConfigRepo, git, stop_users_runs, two_teams, wait_for
+from tests.e2e.test_daemon import DaemonProc, daemon_for
+from tests.support import git, two_teams, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -33,14 +33,8 @@ BOB = "users/bob/tasks/blocked-job.yaml"
 
 @pytest.fixture()
 def daemon(ray_head: RayHead, tmp_path: Path) -> Iterator[DaemonProc]:
-    repo = ConfigRepo(tmp_path)
-    proc = DaemonProc(repo, ray_head, tmp_path)
-    dash = Dashboard(ray_head.dashboard_url)
-    try:
+    with daemon_for(ray_head, tmp_path, ("alice", "bob")) as proc:
         yield proc
-    finally:
-        proc.stop()
-        stop_users_runs(dash, ("alice", "bob"))
 
 
 def healthz(daemon: DaemonProc) -> tuple[int, dict[str, Any]]:
