@@ -83,7 +83,8 @@ class Cluster:
 
 @pytest.fixture()
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    pytest.importorskip("ray")
+    if not os.environ.get("CI"):  # in CI Ray is installed: a missing one fails below, never skips
+        pytest.importorskip("ray")
     c = Cluster(tmp_path)
     try:
         yield c
