@@ -13,10 +13,11 @@ from functools import partial
 from reconciler.apply.applier import Applier, RecordRuns
 from reconciler.apply.ownership import load_or_create_key
 from reconciler.dashboard import Dashboard
+from reconciler.endpoint.hub import EndpointHub
 from reconciler.fscache import CachedFS
 from reconciler.loop import Daemon
 from reconciler.observe.api_keys import KeysFiles, split_paths
-from reconciler.observe.observer import Observer
+from reconciler.observe.observer import Observer, serve_url_beside
 from reconciler.report import Reporter
 from reconciler.source.localfs import LocalFS
 from reconciler.source.remote import RepoSource
@@ -24,6 +25,7 @@ from reconciler.source.revision import RevisionReader
 from reconciler.source.signatures import SigningPolicy
 from reconciler.spec.loader import ModelCheck, TaskCheck
 from reconciler.spec.paths import FileSystem
+from reconciler.spec.types import ClusterSpec
 from reconciler.status.trust import trusted_documents
 from reconciler.tick import SECRET_ENV_NAMES, STATUS_BRANCH, Parts, StatusDocs, TickResult
 
@@ -74,6 +76,8 @@ def build_parts(
     record_runs: RecordRuns | None = None,
     serve_url: str | None = None,
     api_keys: str | Sequence[str] | None = None,
+    endpoint_listen: str | None = None,
+    endpoint_link: str | None = None,
 ) -> Parts:
     """The parts that reconcile ``branch`` of ``source`` with the Ray cluster behind ``dash``.
 
@@ -83,11 +87,16 @@ def build_parts(
     when installed); ``ownership_key`` signs and proves argus's jobs (default:
     ``load_or_create_key`` in ``state_dir`` or :func:`default_state_dir`); ``status_docs`` returns
     the status branch's documents (default: read the branch; the daemon gives its status writer's);
-    ``record_runs``: see :class:`~reconciler.tick.Parts`; ``serve_url``: where models are asked for
-    a real answer before they count as RUNNING ("": the dashboard's host at ``serving.http_port``;
-    None: Serve's status alone); ``api_keys``: the API keys files the router checks callers against, the
+    ``record_runs``: see :class:`~reconciler.tick.Parts`; ``serve_url``: Serve's own proxy, where models are
+    asked for a real answer before they count as RUNNING and the endpoint forwards ("": the dashboard's
+    host at ``serving.internal_http_port``;
+    None: Serve's status alone); ``api_keys``: the API keys files the endpoint checks callers against, the
     admin's and the git server's self-service one (:mod:`reconciler.observe.api_keys`; none: the OpenAI
-    endpoint is open)."""
+    endpoint is open); ``endpoint_listen``: where this process serves the OpenAI endpoint (``auto``:
+    cluster.yaml's ``serving.http_port``; ``HOST:PORT``; None: not here) and ``endpoint_link``: the Unix
+    socket ``argus endpoint`` processes are served on (None: none); with neither, no endpoint (one tick).
+
+    Raises ValueError for a malformed ``endpoint_listen``."""
     key_files = split_paths(api_keys)
     key = ownership_key if ownership_key is not None else load_or_create_key(state_dir or default_state_dir())
     revisions = RevisionReader(
@@ -100,14 +109,28 @@ def build_parts(
         state_dir=state_dir,
     )
     secrets = dict(secrets_env) if secrets_env is not None else secrets_from_environment()
+    hub = None
+    if endpoint_listen is not None or endpoint_link is not None:
+        hub = EndpointHub(partial(serve_proxy_url, dash, serve_url), listen=endpoint_listen, link=endpoint_link)
     return Parts(
         branch=branch,
         revisions=revisions,
         observer=Observer(dash, key, serve_url),
         applier=Applier(
-            dash, secrets_env=secrets, ownership_key=key, api_keys=KeysFiles(key_files).read if key_files else None
+            dash,
+            secrets_env=secrets,
+            ownership_key=key,
+            api_keys=KeysFiles(key_files).read if key_files else None,
+            gate=hub.publish if hub is not None else None,
         ),
         status_docs=status_docs or partial(trusted_documents, source.repo.path, STATUS_BRANCH, key),
         record_runs=record_runs,
         state_dir=state_dir,
+        endpoint=hub,
     )
+
+
+def serve_proxy_url(dash: Dashboard, serve_url: str | None, cluster: ClusterSpec) -> str:
+    """Ray Serve's own proxy, where the endpoint forwards and the prober asks: ``serve_url`` when
+    one is given, else the dashboard's host at ``serving.internal_http_port``."""
+    return (serve_url or serve_url_beside(dash.base_url, cluster.serving.internal_http_port)).rstrip("/")

@@ -22,7 +22,6 @@ from typing import Any
 
 from reconciler.backoff import Backoff
 from reconciler.errors import RayUnavailable, SourceUnavailable, TemporaryError
-from reconciler.observe.api_keys import daemon_key
 from reconciler.observe.usage import PULL_INTERVAL_S, UsageRecorder
 from reconciler.plan.memory import Memory
 from reconciler.redact import Redactor
@@ -95,11 +94,10 @@ class Daemon:
         self.redact = redact or Redactor(parts.secrets_env.values())
         if writer.redact is default_redaction:
             writer.redact = self.redact
-        # Usage accounting (docs/design/usage.md): the router's meter is read with the daemon's own
-        # key, and the ledger continues from the usage documents of the status branch.
+        # Usage accounting (docs/design/usage.md): the endpoint's meter is read in this process, and
+        # the ledger continues from the usage documents of the status branch.
         self.usage = UsageRecorder(
-            getattr(parts.observer, "router_url", _no_router),
-            daemon_key(parts.ownership_key),
+            parts.endpoint.usage if parts.endpoint is not None else None,
             writer.usage_documents,
             interval=usage_interval,
         )
@@ -178,6 +176,8 @@ class Daemon:
         """At shutdown: write the pending status, stop measuring folders and give the lease up."""
         self.reporter.stop()
         self.parts.observer.close()
+        if self.parts.endpoint is not None:
+            self.parts.endpoint.close()
         if self.lease is not None:
             try:
                 self.lease.release()
@@ -374,8 +374,3 @@ class Daemon:
             log.warning(json.dumps({"event": event, "error": message}))
         self.last_error, self._error_kind = message, kind
         return message
-
-
-def _no_router(_cluster: object) -> None:
-    """The router URL of an observer that asks no model (a test's): there is none to read."""
-    return None

@@ -35,6 +35,7 @@ from typing import Any
 
 from reconciler.apply.applier import Applied, Applier, RecordRuns
 from reconciler.contain import culprits, raises
+from reconciler.endpoint.hub import EndpointHub
 from reconciler.errors import Issue
 from reconciler.observe.observer import Observation, Observer
 from reconciler.observe.serve import ServeObservation
@@ -112,6 +113,8 @@ class Parts:
     status_docs: StatusDocs
     record_runs: RecordRuns | None = None
     state_dir: str | None = None  # the daemon keeps its status anchor there (reconciler/loop.py)
+    # The OpenAI endpoint's daemon side (reconciler/endpoint/hub.py; None: no endpoint, e.g. one tick).
+    endpoint: EndpointHub | None = None
     # Plans and assesses again only the objects whose inputs changed (its memo: one entry per object).
     planner: IncrementalPlanner = field(default_factory=IncrementalPlanner)
 
@@ -135,7 +138,7 @@ class Parts:
         """Observe Ray and the status branch for ``revision``'s cluster. Raises RayUnavailable."""
         cluster = revision.desired.cluster
         users = measured_users(revision.desired)
-        return self.observer.observe(self.status_docs(), cluster.paths, cluster.serving.http_port, users)
+        return self.observer.observe(self.status_docs(), cluster.paths, cluster.serving.internal_http_port, users)
 
     def run(
         self, memory: Memory | None = None, commit: str | None = None, *, fetch: bool = True

@@ -94,10 +94,19 @@ class ConfigRepo:
 
 
 def cluster_yaml(hf_cache: Path, users_root: Path, serve_port: int, **extra: Any) -> dict[str, Any]:
+    """A CPU cluster.yaml whose Serve proxy is the session head's ``serve_port`` (Serve's own,
+    internal port); argus's endpoint is wherever each ``argus run`` binds it (:class:`ArgusRun`)."""
+    from reconciler.testing.ray_head import free_port
+
     doc: dict[str, Any] = {
         "kind": "Cluster",
         "paths": {"common": str(hf_cache), "users": str(users_root)},
-        "serving": {"accelerator": "cpu", "http_port": serve_port, "cpus_per_replica": 1},
+        "serving": {
+            "accelerator": "cpu",
+            "http_port": free_port(),
+            "internal_http_port": serve_port,
+            "cpus_per_replica": 1,
+        },
         "training": {"driver_resources": {"worker_node": 1}},
         "env": {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
     }
@@ -237,9 +246,19 @@ class ArgusRun:
     Stopped by its own pid (SIGTERM, then SIGKILL after ``grace`` seconds): never by name."""
 
     def __init__(self, args: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> None:
+        from reconciler.testing.ray_head import free_port
+
         self.args, self.log_path = list(args), log
         self.env = dict(os.environ if env is None else env)
+        # The OpenAI endpoint on loopback at a free port (never 0.0.0.0 at cluster.yaml's port:
+        # tests share the machine), unless the test names one.
+        self.env.setdefault("ARGUS_OPENAI_LISTEN", f"127.0.0.1:{free_port()}")
         self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def openai_url(self) -> str:
+        """The base URL of this daemon's OpenAI endpoint (``.../v1`` for clients)."""
+        return f"http://{self.env['ARGUS_OPENAI_LISTEN']}"
 
     def start(self) -> ArgusRun:
         with open(self.log_path, "wb") as out:  # the child keeps its own descriptor

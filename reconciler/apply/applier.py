@@ -19,10 +19,10 @@ from typing import Any
 
 from reconciler import faults
 from reconciler.apply.jobs import stop_job, submit_job
-from reconciler.apply.serve import RouterAuth, apply_serve
+from reconciler.apply.serve import apply_serve
 from reconciler.backoff import Backoff
 from reconciler.builders.jobs import job_submission
-from reconciler.builders.serve import app_name, model_access, model_app_config
+from reconciler.builders.serve import app_name, gate_config, model_access, model_app_config
 from reconciler.dashboard import Dashboard
 from reconciler.errors import (
     ApplyDeferred,
@@ -32,14 +32,14 @@ from reconciler.errors import (
     StatusBranchBlocked,
     TemporaryError,
 )
-from reconciler.observe.api_keys import daemon_key, key_hash, known_users
+from reconciler.observe.api_keys import known_users
 from reconciler.observe.jobs import resume_point
 from reconciler.observe.serve import ServeObservation
 from reconciler.plan.actions import Action, ActionType, Plan
 from reconciler.plan.actual import PREEMPTED, ActualJob, ActualState
 from reconciler.plan.outcome import Outcome
 from reconciler.spec.hashing import task_spec_hash
-from reconciler.spec.types import DesiredState, ObjectKey, TaskSpec
+from reconciler.spec.types import ClusterSpec, DesiredState, ObjectKey, TaskSpec
 
 log = logging.getLogger("argus")
 
@@ -89,8 +89,9 @@ class Applied:
 
 class Applier:
     """Applies plans to one Ray cluster (``secrets_env`` reach jobs; ``ownership_key`` signs them;
-    ``api_keys`` returns the keys files' keys, sha256 hex -> user, for the router: None, an open endpoint; the
-    keys of users cluster.yaml's ``users:`` does not declare are left out)."""
+    ``api_keys`` returns the keys files' keys, sha256 hex -> user, for the endpoint: None, an open endpoint; the
+    keys of users cluster.yaml's ``users:`` does not declare are left out; ``gate`` takes the endpoint's gate
+    config each tick, reconciler/endpoint/hub.py)."""
 
     def __init__(
         self,
@@ -99,9 +100,12 @@ class Applier:
         secrets_env: Mapping[str, str],
         ownership_key: bytes,
         api_keys: Callable[[], Mapping[str, str]] | None = None,
+        gate: Callable[[dict[str, Any], ClusterSpec], None] | None = None,
     ) -> None:
         self.dash = dash
         self.api_keys = api_keys
+        self.gate = gate  # hands the endpoint its gate config (reconciler/endpoint/hub.py); None: none
+        self._gate_access: dict[str, list[str] | None] = {}  # the last gate config's access rules
         self.secrets_env = dict(secrets_env)
         self.ownership_key = ownership_key
         self._refused: dict[_Attempt, str] = {}
@@ -327,20 +331,11 @@ class Applier:
             apps[name], holders[name] = app, key
             touched.append(key)
 
-        # Keys are read on every tick: a new or revoked key reaches the router. The daemon's own key
-        # travels even without a keys file: it authorizes the router's usage endpoint.
-        auth = RouterAuth(
-            known_users(self.api_keys(), desired.cluster.users) if self.api_keys is not None else None,
-            model_access(desired.models.values(), desired.cluster),
-            daemon=key_hash(daemon_key(self.ownership_key)),
-        )
-
         def put() -> None:
-            out.serve_put = apply_serve(
-                self.dash, list(apps.values()), serve, desired.cluster, memo=self._put_memo, auth=auth
-            )
+            out.serve_put = apply_serve(self.dash, list(apps.values()), serve, desired.cluster, memo=self._put_memo)
 
         error = _try(put)
+        self._publish_gate(desired, list(apps.values()))
         if out.serve_put:
             faults.point("serve_put")
         for key in touched:
@@ -349,6 +344,24 @@ class Applier:
             for action in plan.of(ActionType.SCALE_MODEL):
                 if action.preempted_by is not None and action.key in preempted:
                     out.preempted[action.key] = action.preempted_by
+
+    def _publish_gate(self, desired: DesiredState, model_apps: list[dict[str, Any]]) -> None:
+        """Hand the endpoint this tick's gate config: the model table, and with keys files their
+        keys (read on every tick: a new or revoked key takes effect within one), access rules,
+        teams and limits. Built from the repository and the keys files only, never from what Ray
+        reports (any job can rewrite a Serve config)."""
+        if self.gate is None:
+            return
+        keys = known_users(self.api_keys(), desired.cluster.users) if self.api_keys is not None else None
+        config = gate_config(
+            desired.cluster,
+            model_apps,
+            keys=keys,
+            access=model_access(desired.models.values(), desired.cluster),
+            before=self._gate_access,
+        )
+        self._gate_access = dict(config.get("access", {}))
+        self.gate(config, desired.cluster)
 
     def _forget_other_specs(self, attempt: _Attempt) -> None:
         """Forget the refusals, retries and back-off of ``attempt``'s task under other specs."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from reconciler.builders.serve import ROUTER_APP, is_owned_app, normalise_app, router_app_config, serve_config
@@ -34,11 +33,9 @@ def target_apps(
     desired_owned_apps: list[dict[str, Any]],
     observation: ServeObservation,
     cluster: ClusterSpec,
-    auth: RouterAuth | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Every application the PUT must carry, by name: desired owned apps, the router (with
-    ``auth``'s keys and access rules; None: an open endpoint), and every foreign declarative app
-    as deployed. Raises ValueError on a foreign or duplicate name in ``desired_owned_apps`` (a
+    """Every application the PUT must carry, by name: desired owned apps, the router, and every
+    foreign declarative app as deployed. Raises ValueError on a foreign or duplicate name in ``desired_owned_apps`` (a
     caller bug: argus never writes apps it does not own)."""
     target: dict[str, dict[str, Any]] = dict(observation.foreign_apps())
     for app in desired_owned_apps:
@@ -49,27 +46,9 @@ def target_apps(
             raise ValueError(f"application {name!r} is desired twice")
         target[name] = app
     # The router's table lists exactly the model applications this PUT deploys.
-    router = router_app_config(
-        cluster,
-        [a for n, a in target.items() if n != ROUTER_APP],
-        keys=auth.keys if auth else None,
-        access=auth.access if auth else None,
-        daemon=auth.daemon if auth else None,
-        deployed=observation.apps.get(ROUTER_APP),
-    )
+    router = router_app_config(cluster, [a for n, a in target.items() if n != ROUTER_APP])
     target[router["name"]] = router
     return target
-
-
-@dataclass(frozen=True)
-class RouterAuth:
-    """What the router checks callers against: ``keys`` (sha256 hex -> user, from the admin's keys
-    file; None: open), ``access`` by application name (:func:`~reconciler.builders.serve.model_access`)
-    and ``daemon``, the sha256 hex of the daemon's own key."""
-
-    keys: Mapping[str, str] | None
-    access: Mapping[str, list[str] | None]
-    daemon: str | None = None  # sha256 hex of the daemon's own key (it probes every model)
 
 
 def deployed_apps(observation: ServeObservation) -> dict[str, dict[str, Any]]:
@@ -112,7 +91,6 @@ def apply_serve(
     *,
     clock: Callable[[], float] = time.time,
     memo: dict[str, Any] | None = None,
-    auth: RouterAuth | None = None,
 ) -> bool:
     """PUT the target set of applications if it differs from what Serve runs.
 
@@ -121,13 +99,12 @@ def apply_serve(
     Foreign applications are carried through exactly as deployed and never altered;
     imperatively deployed ones (``serve.run``) are not part of a PUT and stay untouched.
     ``memo`` (kept by a long-running caller) remembers the last PUT, so the same target is
-    not sent twice within PUT_SETTLE_S while Serve's answers catch up. ``auth``: the router's keys
-    and access rules (None: an open endpoint).
+    not sent twice within PUT_SETTLE_S while Serve's answers catch up.
 
     Raises ValueError for a non-argus name in ``desired_owned_apps``, ApplyFailed when Serve
     refuses the config (``permanent`` for a 4xx answer), RayUnavailable when unreachable.
     """
-    target = target_apps(desired_owned_apps, observation, cluster, auth)
+    target = target_apps(desired_owned_apps, observation, cluster)
     if not needs_put(target, deployed_apps(observation)):
         return False
     digest = stable_hash({n: normalise_app(a) for n, a in target.items()})

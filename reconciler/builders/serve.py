@@ -29,8 +29,8 @@ ROUTER_IMPORT_PATH = "reconciler.serve_apps.router:build_router"
 ROUTER_DEPLOYMENT = "ArgusRouter"  # the deployment name in serve_apps/router.py
 # The router's ``args``: the version of the user_config table format. Bump it with the format,
 # so that Serve restarts replicas whose code reads the old one (user_config reaches them in place).
-# 2: keys, access and teams (a router reading format 1 would ignore them and serve every caller).
-ROUTER_ARGS = {"table": 3}
+# 4: the table alone (keys, access, teams and limits moved to argus's endpoint, out of Ray).
+ROUTER_ARGS = {"table": 4}
 LLM_DEPLOYMENT_PREFIX = "LLMServer:"
 # Serve calls each replica's ``check_health`` (vLLM: is the engine process alive) this often and
 # replaces a replica after three failures in a row: a dead engine fails the check at once, so it
@@ -172,7 +172,7 @@ def router_table(model_apps: Iterable[Mapping[str, Any]]) -> list[list[str]]:
 
 def model_access(models: Iterable[ModelSpec], cluster: ClusterSpec) -> dict[str, list[str] | None]:
     """Who besides its owner may call each model, by application name (None: everyone with an API
-    key): the router's ``access`` (:func:`router_app_config`). Pure."""
+    key): the endpoint's ``access`` (:func:`gate_config`). Pure."""
     out: dict[str, list[str] | None] = {}
     for model in models:
         access = model.access_in(cluster)
@@ -180,51 +180,21 @@ def model_access(models: Iterable[ModelSpec], cluster: ClusterSpec) -> dict[str,
     return out
 
 
-def router_app_config(
-    cluster: ClusterSpec,
-    model_apps: Iterable[Mapping[str, Any]] = (),
-    *,
-    keys: Mapping[str, str] | None = None,
-    access: Mapping[str, list[str] | None] | None = None,
-    deployed: Mapping[str, Any] | None = None,
-    daemon: str | None = None,
-) -> dict[str, Any]:
+def router_app_config(cluster: ClusterSpec, model_apps: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """The router application entry routing ``model_apps`` (see :func:`router_table`).
 
     Its code and ``args`` are the same for every cluster and model set (a change there would
     restart the router). The ``deployments`` override follows ``serving.router`` (Serve applies
     an autoscaling change to running replicas in place, like Ray Serve LLM's own ingress) and
     carries the model table as ``user_config``, which Serve hands to every running replica's
-    ``reconfigure()`` in place: it changes only when the set of models, the keys or an access
-    rule does.
+    ``reconfigure()`` in place: it changes only when the set of models does.
 
-    ``keys`` (sha256 hex of a key -> user, from the admin's keys file; None: no keys file, the
-    endpoint is open) and, with keys only, ``access`` (:func:`model_access`) and each user's team
-    travel in the ``user_config`` too: hashes, never keys. An application ``access`` does not
-    name (a model carried as it runs: its file is invalid now) keeps the access the ``deployed``
-    router config gave it, else only its owner may call it. ``daemon`` (sha256 hex of the daemon's
-    own key) may call every model (the daemon probes each through the router) and is what
-    authorizes ``GET /argus/usage``: it travels even without keys. With keys, ``limits``
-    (:func:`router_limits`) travels when cluster.yaml sets any rate limit.
+    Nothing that decides for users travels here: keys, access rules, teams and limits are the
+    endpoint's (:func:`gate_config`), in argus's own processes. Any job can read and rewrite a
+    Serve application's config; the router in Ray authenticates nobody and is reached only on
+    Serve's internal port.
     """
     router = cluster.serving.router
-    user_config: dict[str, Any] = {"models": router_table(model_apps)}
-    if daemon:
-        user_config["daemon"] = daemon
-    if keys is not None:
-        user_config["keys"] = dict(sorted(keys.items()))
-        limits = router_limits(cluster)
-        if limits is not None:
-            user_config["limits"] = limits
-        before = _deployed_access(deployed)
-        given = access or {}
-        user_config["access"] = {
-            row[0]: given[row[0]] if row[0] in given else before.get(row[0], [])  # [] : its owner only
-            for row in user_config["models"]
-        }
-        user_config["teams"] = {
-            m: t.name for t in sorted(cluster.teams.values(), key=lambda t: t.name) for m in t.members
-        }
     return {
         "name": ROUTER_APP,
         "route_prefix": "/",
@@ -238,10 +208,43 @@ def router_app_config(
                     "max_replicas": router.max_replicas,
                     "target_ongoing_requests": router.target_ongoing_requests,
                 },
-                "user_config": user_config,
+                "user_config": {"models": router_table(model_apps)},
             }
         ],
     }
+
+
+def gate_config(
+    cluster: ClusterSpec,
+    model_apps: Iterable[Mapping[str, Any]] = (),
+    *,
+    keys: Mapping[str, str] | None = None,
+    access: Mapping[str, list[str] | None] | None = None,
+    before: Mapping[str, list[str] | None] | None = None,
+) -> dict[str, Any]:
+    """The endpoint's gate config (reconciler/endpoint/gate.py) for ``model_apps``. Pure.
+
+    ``models``: the router's table rows (whose model a name is). ``keys`` (sha256 hex of a key ->
+    user, from the keys files; None: no keys file, the endpoint is open) and, with keys only,
+    ``access`` per application (:func:`model_access`), each user's team and ``limits``
+    (:func:`router_limits`, when cluster.yaml sets any rate limit): hashes, never keys. An
+    application ``access`` does not name (a model carried as it runs: its file is invalid now)
+    keeps the access ``before`` (the last gate config this daemon made) gave it, else only its
+    owner may call it: never what a Serve config says, which any job can rewrite.
+    """
+    config: dict[str, Any] = {"models": router_table(model_apps)}
+    if keys is not None:
+        config["keys"] = dict(sorted(keys.items()))
+        limits = router_limits(cluster)
+        if limits is not None:
+            config["limits"] = limits
+        given, old = access or {}, before or {}
+        config["access"] = {
+            row[0]: given[row[0]] if row[0] in given else old.get(row[0], [])  # [] : its owner only
+            for row in config["models"]
+        }
+        config["teams"] = {m: t.name for t in sorted(cluster.teams.values(), key=lambda t: t.name) for m in t.members}
+    return config
 
 
 def router_limits(cluster: ClusterSpec) -> dict[str, Any] | None:
@@ -271,22 +274,6 @@ def router_limits(cluster: ClusterSpec) -> dict[str, Any] | None:
     return {"default": pair, "users": users, "teams": teams}
 
 
-def _deployed_access(deployed: Mapping[str, Any] | None) -> dict[str, list[str] | None]:
-    """The ``access`` of a deployed router application config (as Serve reports it), else {}."""
-    deployments = deployed.get("deployments") if isinstance(deployed, Mapping) else None
-    for deployment in deployments if isinstance(deployments, list) else []:
-        if isinstance(deployment, Mapping) and deployment.get("name") == ROUTER_DEPLOYMENT:
-            config = deployment.get("user_config")
-            access = config.get("access") if isinstance(config, Mapping) else None
-            if isinstance(access, Mapping):
-                return {
-                    str(a): (None if v is None else [str(n) for n in v])
-                    for a, v in access.items()
-                    if v is None or isinstance(v, list)
-                }
-    return {}
-
-
 def serve_config(apps: list[dict[str, Any]], cluster: ClusterSpec) -> dict[str, Any]:
     """The body of ``PUT /api/serve/applications/`` deploying exactly ``apps``.
 
@@ -295,7 +282,7 @@ def serve_config(apps: list[dict[str, Any]], cluster: ClusterSpec) -> dict[str, 
     """
     return {
         "proxy_location": cluster.serving.proxy_location,
-        "http_options": {"host": "0.0.0.0", "port": cluster.serving.http_port},
+        "http_options": {"host": "0.0.0.0", "port": cluster.serving.internal_http_port},
         "applications": [copy.deepcopy(a) for a in apps],
     }
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from reconciler.dashboard import Dashboard
-from reconciler.errors import ConfigError, MissingExtra
+from reconciler.errors import ArgusError, ConfigError, MissingExtra
 from reconciler.source.signatures import SigningPolicy
 
 # Third-party modules of the daemon that only the runtime extras ([cpu], [gpu]) install.
@@ -88,9 +88,9 @@ def _source_args(p: argparse.ArgumentParser) -> None:
         "--serve-url",
         default=_env("SERVE_URL", "auto"),
         metavar="URL|auto|off",
-        help="where models are asked for one real answer before they count as RUNNING: the Serve HTTP proxy "
-        "(default auto: the dashboard's host at cluster.yaml's serving.http_port; off: trust Serve's status) "
-        "[ARGUS_SERVE_URL]",
+        help="Ray Serve's own HTTP proxy, where models are asked for one real answer before they count as "
+        "RUNNING and where the OpenAI endpoint forwards (default auto: the dashboard's host at cluster.yaml's "
+        "serving.internal_http_port; off: trust Serve's status, the endpoint still uses auto's) [ARGUS_SERVE_URL]",
     )
     p.add_argument(
         "--cache-dir",
@@ -211,4 +211,17 @@ def _parts(args: argparse.Namespace, source: Any) -> Any:
         ownership_key=load_or_create_key(state_dir),  # ARGUS_OWNERSHIP_KEY, else <state dir>/ownership.key
         serve_url=None if args.serve_url == "off" else ("" if args.serve_url == "auto" else args.serve_url),
         api_keys=_api_keys(args),
+        endpoint_listen=_openai_listen(args),
+        endpoint_link=getattr(args, "endpoint_link", None) or None,
     )
+
+
+def _openai_listen(args: argparse.Namespace) -> str | None:
+    """``argus run --openai-listen``: None for ``off`` (and for commands without the flag)."""
+    listen = getattr(args, "openai_listen", None)
+    if listen in (None, "", "off"):
+        return None
+    _host, sep, port = str(listen).rpartition(":")
+    if listen != "auto" and not (sep and port.isdigit() and 0 < int(port) < 65536):
+        raise ArgusError(f"--openai-listen: not auto, off or HOST:PORT: {listen!r}")
+    return str(listen)

@@ -166,6 +166,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                     user_header_from=args.web_user_header_from,
                 )
             )
+        if parts.endpoint is not None:
+            parts.endpoint.start_link()  # the OpenAI endpoint itself starts at the first tick (its port)
     except (OSError, ValueError) as exc:
         for server in servers:
             server.shutdown()
@@ -186,6 +188,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "branch": args.branch,
                 "listen": args.listen,
                 "web_listen": args.web_listen,
+                "openai_listen": args.openai_listen,
             }
         ),
         file=sys.stderr,
@@ -200,8 +203,52 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_endpoint(args: argparse.Namespace) -> int:
+    """``argus endpoint``: serve until SIGTERM/SIGINT. Exit 1 when the address cannot be bound."""
+    import asyncio
+    import logging
+    import signal
+
+    from reconciler.endpoint.hub import parse_listen
+    from reconciler.endpoint.link import LinkClient
+    from reconciler.endpoint.server import Endpoint
+    from reconciler.endpoint.service import start_site
+    from reconciler.redact import RedactingFormatter
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(RedactingFormatter())
+    try:
+        host, port = parse_listen(args.listen, 0)
+    except ValueError as exc:
+        raise ArgusError(f"--listen: {exc}") from exc
+    link = LinkClient(args.endpoint_link)
+    endpoint = Endpoint(args.serve_url, link.sync)
+
+    async def main() -> None:
+        try:
+            runner = await start_site(endpoint, host, port)
+        except OSError as exc:
+            raise ArgusError(f"cannot listen on {host}:{port}: {exc}") from exc
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+        follow = asyncio.ensure_future(link.follow(endpoint))
+        print(json.dumps({"event": "endpoint_started", "listen": f"{host}:{port}"}), file=sys.stderr, flush=True)
+        try:
+            await stopping.wait()
+        finally:
+            follow.cancel()
+            await runner.cleanup()
+            await link.close()
+
+    asyncio.run(main())
+    return 0
+
+
 def add_parsers(sub: Any) -> None:
-    """Register ``reconcile`` and ``run`` on ``sub`` (argparse's subparsers)."""
+    """Register ``reconcile``, ``run`` and ``endpoint`` on ``sub`` (argparse's subparsers)."""
     r = sub.add_parser(
         "reconcile",
         help="one reconcile tick: read git, observe Ray, plan, apply, print states",
@@ -277,6 +324,23 @@ def add_parsers(sub: Any) -> None:
         help="OpenAI base URL shown in status [ARGUS_ENDPOINT]",
     )
     d.add_argument(
+        "--openai-listen",
+        default=_env("OPENAI_LISTEN", "auto"),
+        metavar="auto|HOST:PORT|off",
+        help="where this process serves the OpenAI endpoint (API keys, access rules, limits, usage; requests "
+        "go on to Ray Serve's proxy without any caller's key): auto (default) is 0.0.0.0 at cluster.yaml's "
+        "serving.http_port; off when `argus endpoint` processes serve it through --endpoint-link "
+        "[ARGUS_OPENAI_LISTEN]",
+    )
+    d.add_argument(
+        "--endpoint-link",
+        default=_env("ENDPOINT_LINK"),
+        metavar="SOCKET",
+        help="a Unix socket on which `argus endpoint` processes take the gate config (keys' hashes, access "
+        "rules, limits) and share this daemon's rate windows; put it where only they and the daemon can reach "
+        "(compose: the argus-link volume) [ARGUS_ENDPOINT_LINK]",
+    )
+    d.add_argument(
         "--observe-interval",
         type=float,
         default=float(_env("OBSERVE_INTERVAL", "5") or 5),
@@ -292,7 +356,37 @@ def add_parsers(sub: Any) -> None:
         "--usage-interval",
         type=float,
         default=float(_env("USAGE_INTERVAL", "60") or 60),
-        help="seconds between reads of the router's usage meter, and so between usage documents' "
+        help="seconds between reads of the endpoint's usage meter, and so between usage documents' "
         "updates (default: 60) [ARGUS_USAGE_INTERVAL]",
     )
     d.set_defaults(func=cmd_run)
+
+    e = sub.add_parser(
+        "endpoint",
+        help="the OpenAI endpoint as a process of its own (the compose service), beside `argus run`",
+        description="Serve the OpenAI API: check each request's API key, the model's access rules and the "
+        "caller's rate limits, count usage, and forward the request to Ray Serve's own proxy without any "
+        "caller's key. The gate config and the shared rate windows come from the daemon over its private "
+        "link (`argus run --endpoint-link`); several endpoint processes may run.",
+    )
+    e.add_argument(
+        "--listen",
+        default=_env("OPENAI_LISTEN", "0.0.0.0:8000"),
+        metavar="HOST:PORT",
+        help="address to serve on (default: 0.0.0.0:8000) [ARGUS_OPENAI_LISTEN]",
+    )
+    e.add_argument(
+        "--endpoint-link",
+        default=_env("ENDPOINT_LINK"),
+        required=_env("ENDPOINT_LINK") is None,
+        metavar="SOCKET",
+        help="the daemon's private link (its --endpoint-link) [ARGUS_ENDPOINT_LINK]",
+    )
+    e.add_argument(
+        "--serve-url",
+        default=_env("SERVE_URL"),
+        required=_env("SERVE_URL") is None,
+        metavar="URL",
+        help="Ray Serve's own HTTP proxy, on the cluster's internal network (e.g. http://head:8001) [ARGUS_SERVE_URL]",
+    )
+    e.set_defaults(func=cmd_endpoint)

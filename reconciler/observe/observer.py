@@ -15,11 +15,9 @@ import time
 import urllib.parse
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from reconciler.dashboard import Dashboard
-from reconciler.observe.api_keys import daemon_key
 from reconciler.observe.capacity import observe_capacity
 from reconciler.observe.disk import DiskMeter
 from reconciler.observe.jobs import ForeignJob, observe_job_records
@@ -28,7 +26,7 @@ from reconciler.observe.records import StatusRecords
 from reconciler.observe.serve import ServeObservation, observe_serve
 from reconciler.plan.actual import ActualJob, ActualModel, Capacity
 from reconciler.plan.disk import DiskUsage
-from reconciler.spec.types import ClusterSpec, ObjectKey, Paths
+from reconciler.spec.types import ObjectKey, Paths
 
 log = logging.getLogger("argus")
 
@@ -56,7 +54,7 @@ class Observer:
     """Observes one Ray cluster for one repository (``ownership_key`` proves argus's jobs).
 
     ``serve_url``: the Serve HTTP proxy where models Serve calls RUNNING are asked for a real
-    answer before they count as RUNNING ("": the dashboard's host at ``serving.http_port``;
+    answer before they count as RUNNING ("": the dashboard's host at ``serving.internal_http_port``;
     None: Serve's status alone)."""
 
     # A push tick reuses the capacity the last timer tick observed (two dashboard calls off the
@@ -89,7 +87,7 @@ class Observer:
     ) -> Observation:
         """Observe Serve, Jobs (argus's proven ones) and capacity, and read the runs ``docs`` (the
         status branch's documents) record. ``paths``: the cluster's paths, to find checkpoints
-        (None: not looked up); ``http_port``: Serve's port, where models Serve calls RUNNING are
+        (None: not looked up); ``http_port``: Serve's own (internal) port, where models Serve calls RUNNING are
         asked for an answer (None: not asked); ``disk_users``: the users whose folders under
         ``paths.users`` the disk meter measures from now on (their last measurements are returned;
         measuring happens off the tick). Raises RayUnavailable (apply nothing then)."""
@@ -142,17 +140,10 @@ class Observer:
         if self._prober is None or self._prober.serve_url != url.rstrip("/"):
             if self._prober is not None:
                 self._prober.close()
-            # The daemon's own key: with an API keys file the router answers no request without
-            # one (reconciler/serve_apps/router.py); without, it is not read.
-            self._prober = ModelProber(url, post=partial(post_json, api_key=daemon_key(self.ownership_key)))
+            # No credential: Serve's proxy is reached on the cluster's internal port, where the
+            # router authenticates nobody; a probe carries nothing a job's app could reuse.
+            self._prober = ModelProber(url, post=post_json)
         return self._prober
-
-    def router_url(self, cluster: ClusterSpec) -> str | None:
-        """The Serve endpoint's base URL, where the router's usage meter is read; None when this
-        observer asks no model (no ``serve_url``)."""
-        if self.serve_url is None:
-            return None
-        return (self.serve_url or serve_url_beside(self.dash.base_url, cluster.serving.http_port)).rstrip("/")
 
     def memo_sizes(self) -> dict[str, int]:
         """How many entries each memo holds (the soak checks they stay bounded)."""

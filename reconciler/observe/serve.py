@@ -68,9 +68,9 @@ class ServeObservation:
             return []
         out = []
         port = (self.http_options or {}).get("port")
-        if port != cluster.serving.http_port:
+        if port != cluster.serving.internal_http_port:
             out.append(
-                f"serving.http_port is {cluster.serving.http_port} but Serve listens on {port}: "
+                f"serving.internal_http_port is {cluster.serving.internal_http_port} but Serve listens on {port}: "
                 "Serve reads it only at first start (restart Serve to change it)"
             )
         if self.proxy_location is not None and self.proxy_location != cluster.serving.proxy_location:

@@ -1,22 +1,19 @@
-"""Usage accounting, the daemon's side: pull the router's meter, sample GPU use. I/O (HTTP).
+"""Usage accounting, the daemon's side: read the endpoint's meter, sample GPU use.
 
 :class:`UsageRecorder` is called with every tick's observation, off the tick's path (the
 status reporter's thread): it samples the models' running replicas each call, and at most every
-:data:`PULL_INTERVAL_S` pulls ``GET /argus/usage`` from the router (with the daemon's key),
-recomputes the tasks' GPU-seconds from their job records, and hands back the usage documents
-that changed (:class:`~reconciler.status.usage.Ledger`) for the status writer's next commit.
-A failed pull is logged and counted and retried next time; it never fails or stalls a tick
-(a bounded read: :data:`PULL_TIMEOUT_S`, :data:`MAX_ANSWER_BYTES`).
+:data:`PULL_INTERVAL_S` reads the endpoint's meter (held in the daemon's own process,
+reconciler/endpoint/meter.py: no request, no credential, nothing a job can answer), recomputes
+the tasks' GPU-seconds from their job records, and hands back the usage documents that changed
+(:class:`~reconciler.status.usage.Ledger`) for the status writer's next commit. A failed read is
+logged and counted and retried next time; it never fails or stalls a tick.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,9 +24,6 @@ from reconciler.status.usage import SPECIAL_USERS, Job, Ledger, Replicas, Totals
 log = logging.getLogger("argus")
 
 PULL_INTERVAL_S = 60.0  # the router's meter is read, and usage documents written, at most this often
-PULL_TIMEOUT_S = 5.0
-# The meter's answer: at most 100,000 rows of ~150 bytes. Past this it is not read (and logged).
-MAX_ANSWER_BYTES = 32 * 1024 * 1024
 # A model sample adds at most this much time: after a daemon stall or restart the gap is not
 # counted (an undercount, documented), rather than usage nobody saw.
 SAMPLE_CAP_S = 120.0
@@ -37,29 +31,8 @@ SAMPLE_CAP_S = 120.0
 # most this often: a running model makes a status commit every 10 minutes, not every minute. A
 # daemon restart loses at most this much of the models' GPU-seconds (documented undercount).
 SAMPLE_FLUSH_S = 600.0
-USAGE_PATH = "/argus/usage"
-
-# (url, api key, timeout, max bytes) -> (HTTP status or 0 when nothing answered, body)
-Getter = Callable[[str, str, float, int], tuple[int, bytes]]
-
-
-def get_usage(url: str, api_key: str, timeout: float, max_bytes: int) -> tuple[int, bytes]:
-    """GET ``url`` with ``Authorization: Bearer <api_key>``; returns ``(status, body)``, status 0
-    when nothing answered (connection refused: no router). Reads at most ``max_bytes + 1`` bytes.
-    Raises TimeoutError when the server accepted the request but did not answer in time."""
-    req = urllib.request.Request(url, method="GET")
-    req.add_header("Authorization", f"Bearer {api_key}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return int(resp.status), resp.read(max_bytes + 1)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), b""
-    except urllib.error.URLError as exc:
-        if isinstance(exc.reason, TimeoutError):
-            raise exc.reason from exc
-        return 0, b""
-    except OSError:
-        return 0, b""
+# () -> the meter's usage document (MeterState.usage), or None when there is no meter to read.
+UsageReader = Callable[[], Mapping[str, Any] | None]
 
 
 OTHER = "(other)"  # a metrics label for every user or model the repository does not know
@@ -136,25 +109,21 @@ def replicas_of(actual: ActualState) -> list[Replicas]:
 
 
 class UsageRecorder:
-    """The daemon's usage ledger and what feeds it. ``router_url``: the Serve endpoint's base URL
-    (None: no router to ask); ``api_key``: the daemon's own key; ``load``: reads the status
+    """The daemon's usage ledger and what feeds it. ``read``: the endpoint meter's usage document
+    (None: no meter; reconciler/endpoint/hub.py ``EndpointHub.usage``); ``load``: reads the status
     branch's usage documents (path -> parsed) once, before the first update. Thread-safe: the
     metrics scrape reads :attr:`totals` while the reporter updates."""
 
     def __init__(
         self,
-        router_url: Callable[[ClusterSpec], str | None],
-        api_key: str,
+        read: UsageReader | None,
         load: Callable[[], Mapping[str, Any]],
         *,
-        get: Getter = get_usage,
         clock: Callable[[], float] = time.time,
         interval: float = PULL_INTERVAL_S,
     ) -> None:
-        self.router_url = router_url
-        self.api_key = api_key
+        self.read = read
         self._load = load
-        self._get = get
         self._clock = clock
         self.interval = interval
         self.ledger = Ledger()
@@ -175,9 +144,9 @@ class UsageRecorder:
             return self._totals
 
     def update(self, desired: DesiredState, actual: ActualState) -> dict[str, dict[str, Any]]:
-        """Sample the models; when the last pull is :attr:`interval` old, pull the router's meter
+        """Sample the models; when the last pull is :attr:`interval` old, read the endpoint's meter
         and recompute the tasks. Returns the usage documents that changed (path -> document),
-        empty between pulls. Never raises for a router or a document problem (logged)."""
+        empty between pulls. Never raises for a meter or a document problem (logged)."""
         cluster = desired.cluster
         now = self._clock()
         if not self._loaded:
@@ -192,7 +161,7 @@ class UsageRecorder:
         if self._last_pull is not None and now - self._last_pull < self.interval:
             return {}
         self._last_pull = now
-        self._pull(cluster)
+        self._pull()
         self.ledger.record_tasks(jobs_of(actual), teams, now)
         samples = self._last_flush is None or now - self._last_flush >= self.flush_interval
         if samples:
@@ -203,29 +172,16 @@ class UsageRecorder:
             self._totals = totals
         return docs
 
-    def _pull(self, cluster: ClusterSpec) -> None:
-        base = self.router_url(cluster)
-        if base is None:
+    def _pull(self) -> None:
+        if self.read is None:
             return
         try:
-            status, body = self._get(base.rstrip("/") + USAGE_PATH, self.api_key, PULL_TIMEOUT_S, MAX_ANSWER_BYTES)
-        except TimeoutError:
-            self._failed("the router's usage endpoint did not answer in time")
+            answer = self.read()
+        except Exception as exc:  # the meter's problem is logged and counted; the next read retries
+            self._failed(f"the endpoint's meter could not be read: {exc!r}")
             return
-        if status in (0, 404):
-            return  # no router (no models deployed): nothing to record
-        if status != 200:
-            self._failed(f"the router's usage endpoint answered HTTP {status}")
-            return
-        if len(body) > MAX_ANSWER_BYTES:
-            self._failed(f"the router's usage answer is over {MAX_ANSWER_BYTES} bytes; not read")
-            return
-        try:
-            answer = json.loads(body)
-        except ValueError:
-            self._failed("the router's usage answer is not JSON")
-            return
-        self.ledger.merge_tokens(answer)
+        if answer is not None:
+            self.ledger.merge_tokens(answer)
 
     def _failed(self, why: str) -> None:
         self.pull_errors += 1

@@ -34,40 +34,23 @@ dated model id always wins over an alias. A request by alias reaches vLLM under 
 (vLLM only knows that one), so responses name the dated id. A model id two applications claim
 is routed to the earlier-deployed one.
 
-Who may call what (API keys and access rules). With ``keys`` in the table (from the admin's
-keys file, ``argus run --api-keys``: the sha256 hex of each key and its user; never a key)
-every request names its caller with ``Authorization: Bearer <key>``: :meth:`ArgusIngress.caller`
-looks the key's sha256 up in a dict, once per request and in one place (what per-user limits
-and usage accounting hook into); no key, or one the table does not hold, is a 401. ``access``
-holds, per application, who besides its owner may call it (users or teams; null: everyone with a
-key) and ``teams`` each user's team; :func:`may_call` decides. A model the caller may not call is
-answered exactly as one that does not exist (404, no Serve read, same message) and is left out of
-``/v1/models``: private models' names never reach other users. Without ``keys`` the endpoint is
-open, as before keys existed: every model answers every client, and ``access`` is not enforced.
-All of it is in memory, rebuilt on each ``reconfigure()``: a request costs dict lookups and one
-sha256, never a call to Serve or another actor.
-
-Rate limits and usage (``limits`` in the table; reconciler/serve_apps/limits.py, meter.py,
-usage.py). With keys, a caller over her own or her team's requests or tokens per minute is a
-429 with ``Retry-After``; the daemon and the open endpoint are never limited. Every request that
-reaches a model is counted, with the tokens of its responses' ``usage``, per hour, user and
-application; the router application's second deployment, ``ArgusMeter``, adds up every replica's
-counts (each replica decides alone and syncs in the background) and answers
-``GET /argus/usage`` to the daemon's key only.
+Nothing here decides for users. Keys, access rules, rate limits and usage are argus's endpoint's
+(reconciler/endpoint), in argus's own processes: any job can call this application, replace it
+or read its config, so it holds no secret and authenticates nobody, and it is reached only on
+Serve's internal port (``serving.internal_http_port``), where the endpoint forwards requests
+without any caller's credential.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from fastapi import Request
 from fastapi import status as http_status
 from ray import serve
 from ray.llm._internal.serve.core.configs.openai_api_models import OpenAIHTTPException, to_model_metadata
@@ -76,46 +59,18 @@ from ray.llm._internal.serve.utils.server_utils import replace_prefix
 from ray.serve.deployment import Application
 from ray.serve.handle import DeploymentHandle
 from ray.serve.llm.ingress import OpenAiIngress, make_fastapi_ingress
-from starlette.responses import JSONResponse
 
-from reconciler.serve_apps.limits import DAEMON_USER, OPEN_USER, Limits, parse_limits
-from reconciler.serve_apps.meter import (
-    METER_DEPLOYMENT,
-    ArgusMeter,
-    MeterClient,
-    RateLimitExceeded,
-    rate_limited_response,
-)
-from reconciler.serve_apps.usage import ask_for_usage
+from reconciler.serve_apps.table import SAFETY_REFRESH_S, Entry, parse_table
 
 logger = logging.getLogger("ray.serve")
 
-OWNED_PREFIX = "argus--"
 ROUTER_APP = "argus-router"
 LLM_DEPLOYMENT_PREFIX = "LLMServer:"
-SAFETY_REFRESH_S = 30.0  # re-read Serve's status this often even when no table arrives
-REFRESH_BOUNDS_S = (1.0, 86400.0)  # the range a user_config ``refresh_s`` is clamped to
 MISS_REFRESH_MIN_S = 0.5  # a read of Serve starts at least this long after the last one ended
 MISS_WAIT_S = 5.0  # a request waits this long at most for a read of Serve, then it is a 503
 MAX_WAITING = 256  # requests of one replica waiting for a read at once; more are a 503 at once
 LLM_CONFIG_TIMEOUT_S = 10.0  # bound on asking a new model's replica for its LLMConfig
-MAX_TABLE_ENTRIES = 100_000  # entries past this are ignored (and logged)
-MAX_FIELD_CHARS = 512  # an entry with a longer field is ignored
 ALIAS_KEY = "argus_alias"  # in LLMConfig.experimental_configs (reconciler/builders/serve.py)
-MAX_KEYS = 100_000  # keys past this are ignored (and logged)
-MAX_ACCESS_NAMES = 1_000  # names past this in one model's access list are ignored (and logged)
-EVERYONE = "*"  # in an access list: everyone with a key
-BEARER = "bearer "  # the Authorization scheme, compared case-insensitively (RFC 7235)
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One argus model application the daemon deployed (a ``user_config`` table row)."""
-
-    app: str
-    deployment: str
-    model_id: str
-    alias: str | None  # None: no alias is routed (the file's lies outside its user's namespace)
 
 
 @dataclass(frozen=True)
@@ -127,136 +82,6 @@ class Route:
     handle: DeploymentHandle
     card: Any  # ModelCard of the dated id
     alias_card: Any  # ModelCard of the alias, or None
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Whose key a request carries: the key file's user and her team (None: in no team)."""
-
-    user: str
-    team: str | None
-    daemon: bool = False  # the daemon's own key (it probes every model): may call every model
-
-
-@dataclass(frozen=True)
-class Auth:
-    """The table's access part. ``keys``: sha256 hex of a key -> its user (None: no keys file, the
-    endpoint is open); ``access``: app name -> who besides its owner may call it (None: everyone
-    with a key; an app absent here: its owner only); ``teams``: user -> team."""
-
-    keys: dict[str, str] | None = None
-    access: dict[str, frozenset[str] | None] = field(default_factory=dict)
-    teams: dict[str, str] = field(default_factory=dict)
-    daemon: str | None = None  # sha256 hex of the daemon's own key
-
-
-DAEMON = Caller("", None, daemon=True)
-
-
-def may_call(caller: Caller, owner: str, access: frozenset[str] | None) -> bool:
-    """True when ``caller`` may call a model of ``owner`` whose access list is ``access``. Pure.
-
-    The owner and the daemon always may; ``access`` None (or holding EVERYONE) lets every caller;
-    else the caller's user name or team must be in it.
-    """
-    if caller.daemon or access is None or caller.user == owner or caller.user in access:
-        return True
-    return (caller.team is not None and caller.team in access) or EVERYONE in access
-
-
-def parse_auth(config: Any) -> tuple[Auth, list[str]]:
-    """Return ``(auth, problems)`` of a router ``user_config``'s ``keys``, ``access`` and ``teams``.
-
-    Pure. Fails closed: a malformed ``keys`` (present but not a mapping) admits no key at all, a
-    malformed access list lets the owner only, a malformed key or team row is skipped; each is
-    described in ``problems``. Never raises.
-    """
-    if not isinstance(config, dict):
-        return Auth(), []
-    problems: list[str] = []
-    keys: dict[str, str] | None = None
-    raw_keys = config.get("keys")
-    if raw_keys is not None:
-        keys = {}
-        if not isinstance(raw_keys, dict):
-            problems.append("keys is not a mapping: every request is refused")
-        else:
-            for digest, user in list(raw_keys.items())[:MAX_KEYS]:
-                if _is_sha256(digest) and isinstance(user, str) and 0 < len(user) <= MAX_FIELD_CHARS:
-                    keys[digest] = user
-                else:
-                    problems.append(f"keys: an entry of {str(user)[:40]!r} is not a sha256 hex and a user: skipped")
-            if len(raw_keys) > MAX_KEYS:
-                problems.append(f"{len(raw_keys)} keys: only the first {MAX_KEYS} are accepted")
-    access: dict[str, frozenset[str] | None] = {}
-    raw_access = config.get("access", {})
-    if not isinstance(raw_access, dict):
-        problems.append("access is not a mapping: every model is its owner's only")
-        raw_access = {}
-    for app, names in raw_access.items():
-        if names is None:
-            access[str(app)] = None
-        elif isinstance(names, list) and all(isinstance(n, str) for n in names):
-            if len(names) > MAX_ACCESS_NAMES:
-                problems.append(f"access of {app}: only the first {MAX_ACCESS_NAMES} names are read")
-            access[str(app)] = frozenset(names[:MAX_ACCESS_NAMES])
-        else:
-            problems.append(f"access of {app} is not a list of names: its owner's only")
-    teams: dict[str, str] = {}
-    raw_teams = config.get("teams", {})
-    if isinstance(raw_teams, dict):
-        teams = {u: t for u, t in raw_teams.items() if isinstance(u, str) and isinstance(t, str)}
-        if len(teams) != len(raw_teams):
-            problems.append("teams: entries that are not user -> team names skipped")
-    else:
-        problems.append("teams is not a mapping: nobody is in a team")
-    daemon = config.get("daemon")
-    if daemon is not None and not _is_sha256(daemon):
-        problems.append("daemon is not a sha256 hex: the daemon's probes are refused")
-        daemon = None
-    return Auth(keys, access, teams, daemon), problems
-
-
-def _is_sha256(digest: object) -> bool:
-    return isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
-
-
-def parse_table(config: Any) -> tuple[dict[str, Entry], float, list[str]]:
-    """Return ``(entries by app name, refresh period, problems)`` of a router ``user_config``.
-
-    Pure. Malformed rows are skipped and described in ``problems``; so is everything past
-    MAX_TABLE_ENTRIES. A config that is not a mapping yields an empty table. Never raises.
-    """
-    problems: list[str] = []
-    if not isinstance(config, dict):
-        return {}, SAFETY_REFRESH_S, ["user_config is not a mapping: no models routed"] if config is not None else []
-    refresh = config.get("refresh_s", SAFETY_REFRESH_S)
-    if isinstance(refresh, bool) or not isinstance(refresh, (int, float)) or refresh != refresh:
-        problems.append(f"refresh_s {refresh!r} is not a number: {SAFETY_REFRESH_S} s")
-        refresh = SAFETY_REFRESH_S
-    refresh = min(max(float(refresh), REFRESH_BOUNDS_S[0]), REFRESH_BOUNDS_S[1])
-    rows = config.get("models", [])
-    if not isinstance(rows, list):
-        return {}, refresh, [*problems, "models is not a list: no models routed"]
-    if len(rows) > MAX_TABLE_ENTRIES:
-        problems.append(f"{len(rows)} models: only the first {MAX_TABLE_ENTRIES} are routed")
-        rows = rows[:MAX_TABLE_ENTRIES]
-    entries: dict[str, Entry] = {}
-    for i, row in enumerate(rows):
-        if (
-            not isinstance(row, list)
-            or len(row) != 4
-            or not all(isinstance(f, str) and len(f) <= MAX_FIELD_CHARS for f in row)
-            or not all(row[:3])
-        ):
-            problems.append(f"models[{i}] is not four short strings: skipped")
-            continue
-        app, deployment, model_id, alias = row
-        if not app.startswith(OWNED_PREFIX) or app in entries:
-            problems.append(f"models[{i}]: {app!r} is not an argus application or listed twice: skipped")
-            continue
-        entries[app] = Entry(app, deployment, model_id, _alias(app, alias))
-    return entries, refresh, problems
 
 
 def claim_names(routes: Iterable[Route]) -> tuple[dict[str, Route], dict[str, Route], set[str]]:
@@ -292,10 +117,8 @@ class ModelNotFound(OpenAIHTTPException):
 class ArgusIngress(OpenAiIngress):
     """``OpenAiIngress`` whose model handles and cards follow the table the daemon pushes."""
 
-    def __init__(self, meter: DeploymentHandle | None = None) -> None:
+    def __init__(self) -> None:
         super().__init__(llm_deployments={}, model_cards={})
-        self._meter = MeterClient(meter)  # limits and usage (reconciler/serve_apps/meter.py)
-        self._limits: Limits | None = None
         self._table: dict[str, Entry] = {}  # app name -> entry (the last user_config)
         self._tabled_names: set[str] = set()  # every model id and alias the table holds
         self._routes: dict[str, Route] = {}  # app name -> route, for tabled apps seen running
@@ -304,7 +127,6 @@ class ArgusIngress(OpenAiIngress):
         self._refused: set[str] = set()  # apps whose model id or alias another app holds
         self._app_of: dict[str, str] = {}  # routed model id or alias -> app name
         self._tabled_apps: dict[str, set[str]] = {}  # every tabled model id and alias -> the apps claiming it
-        self._auth = Auth()
         self._refresh_s = SAFETY_REFRESH_S
         self._read: _Read | None = None  # the last read of Serve started (or waiting for its turn)
         self._read_ended = float("-inf")  # monotonic end of the last read, whether it succeeded or not
@@ -322,9 +144,6 @@ class ArgusIngress(OpenAiIngress):
         and the update never waits on the Serve controller.
         """
         table, refresh, problems = parse_table(user_config)
-        auth, auth_problems = parse_auth(user_config)
-        limits, limit_problems = parse_limits(user_config)
-        problems += auth_problems + limit_problems
         for problem in problems[:10]:  # bounded: a huge bad table logs ten lines, not one per row
             logger.warning("argus router: %s", problem)
         self._table, self._refresh_s = table, refresh
@@ -334,7 +153,6 @@ class ArgusIngress(OpenAiIngress):
             for name in (entry.model_id, entry.alias):
                 if name:
                     self._tabled_apps.setdefault(name, set()).add(entry.app)
-        self._auth, self._limits = auth, limits
         for app in [a for a, r in self._routes.items() if table.get(a) != r.entry]:
             self._routes.pop(app)
             logger.info("argus router: dropped application %s (no longer in the table)", app)
@@ -478,120 +296,19 @@ class ArgusIngress(OpenAiIngress):
             raise _unavailable(model)
         return known
 
-    def caller(self, request: Any) -> Caller | None:
-        """Whose key ``request`` (a Starlette request; None: not an HTTP call) carries: the one
-        place a request's user and team are known. Returns None when the endpoint is open (no keys
-        file). Raises InvalidApiKey (401) for no key or one the table does not hold.
-
-        Cost: one sha256 of the key and two dict lookups (the key is random, so looking its hash up
-        in a dict leaks nothing a constant-time comparison would hide)."""
-        keys = self._auth.keys
-        if keys is None:
-            return None
-        digest = _digest(request)
-        if digest is None:
-            raise _unauthorized("No API key provided: send `Authorization: Bearer <key>`.")
-        user = keys.get(digest)
-        if user is None:
-            if digest == self._auth.daemon:
-                return DAEMON
-            raise _unauthorized("Incorrect API key provided.")
-        return Caller(user, self._auth.teams.get(user))
-
-    def _may_call_app(self, caller: Caller | None, app: str) -> bool:
-        if caller is None:
-            return True  # no keys file: open, as before keys existed
-        owner = _owner(app)
-        return owner is not None and may_call(caller, owner, self._auth.access.get(app, frozenset()))
-
-    def _visible(self, caller: Caller | None, model: str) -> bool:
-        """True when ``caller`` may call what ``model`` names: the app it is routed to, else (not
-        routable yet) one tabled app claiming it. A name nothing tables is not visible either."""
-        if caller is None:
-            return True
-        app = self._app_of.get(model)
-        if app is not None:
-            return self._may_call_app(caller, app)
-        return any(self._may_call_app(caller, a) for a in self._tabled_apps.get(model, ()))
-
     def _get_response(self, *, body: Any, call_method: str, raw_request: Any = None) -> AsyncIterator[Any]:
-        """Check the caller's key, access and rate limits, then route a request by alias as if it
-        named the dated id (vLLM serves only that name). Raises InvalidApiKey (401);
-        ModelNotFound (404) for a model the caller may not call, exactly as for one that does not
-        exist; RateLimitExceeded (429) over the caller's or her team's per-minute limits.
-
-        A plain function returning the stream, wrapped once to count its request and the tokens
-        of its responses' usage (reconciler/serve_apps/usage.py). A name not routable yet, or a
-        limited caller on a replica whose rate windows are stale (it was idle), is decided when the
-        stream is first read, after that read of Serve or that one sync with the meter.
-        """
-        caller = self.caller(raw_request)
+        """Route a request by alias as if it named the dated id (vLLM serves only that name). A
+        name not routable yet is decided when the stream is first read, after a read of Serve."""
         model = body.model
-        if model is None and caller is not None:
-            # Ray's default picks the only model or lists them all in its error: neither may
-            # happen for a caller who may not see them.
-            raise _model_required()
-        if model is not None and not self._visible(caller, model):
-            raise _not_found(model)
-        body, strip = ask_for_usage(body, call_method)
-        user = self._usage_user(caller, raw_request)
-        limited = caller is not None and not caller.daemon
-        if (model is None or model in self._model_cards or model in self._aliases) and not (
-            limited and self._meter.stale(self._limits)
-        ):
-            subjects = self._admit(caller)
+        if model is None or model in self._model_cards or model in self._aliases:
             if model in self._aliases:
                 body = body.model_copy(update={"model": self._aliases[model]})
-            stream = super()._get_response(body=body, call_method=call_method, raw_request=raw_request)
-        else:
-            subjects = []  # admitted (and counted) once the name is routable and the windows fresh
-            stream = self._get_response_after_refresh(
-                body=body, call_method=call_method, raw_request=raw_request, caller=caller, subjects=subjects
-            )
-        return self._meter.metered(stream, strip, user, lambda: self._app_name(model), subjects)
+            return super()._get_response(body=body, call_method=call_method, raw_request=raw_request)
+        return self._get_response_after_refresh(body=body, call_method=call_method, raw_request=raw_request)
 
-    def _admit(self, caller: Caller | None) -> list[str]:
-        """The limit subjects a request counts under (none for the open endpoint and the daemon);
-        raises RateLimitExceeded (429)."""
-        if caller is None or caller.daemon:
-            return []
-        return self._meter.admit(self._limits, caller.user, caller.team)
-
-    def _usage_user(self, caller: Caller | None, raw_request: Any) -> str:
-        """The ``user`` of a request's usage rows: the key's user, DAEMON_USER (the daemon's key,
-        also on the open endpoint) or OPEN_USER."""
-        if caller is not None:
-            return DAEMON_USER if caller.daemon else caller.user
-        if self._auth.daemon is not None and _digest(raw_request) == self._auth.daemon:
-            return DAEMON_USER
-        return OPEN_USER
-
-    def _app_name(self, model: str | None) -> str:
-        """The application a request for ``model`` went to (None: Ray's pick, the only model)."""
-        if model is None and len(self._model_cards) == 1:
-            model = next(iter(self._model_cards))
-        return self._app_of.get(model, "") if model is not None else ""
-
-    async def argus_usage(self, request: Request) -> JSONResponse:
-        """``GET /argus/usage``: the meter's usage rows (the daemon's key only; anyone else gets the
-        401 of a wrong key). Raises InvalidApiKey (401); OpenAIHTTPException (503) when the meter
-        does not answer."""
-        digest = _digest(request)
-        if digest is None:  # the answers of the other routes' 401s: nothing tells this route apart
-            raise _unauthorized("No API key provided: send `Authorization: Bearer <key>`.")
-        if digest != self._auth.daemon:
-            raise _unauthorized("Incorrect API key provided.")
-        return JSONResponse(await self._meter.usage())
-
-    async def _get_response_after_refresh(
-        self, *, body: Any, call_method: str, raw_request: Any, caller: Caller | None, subjects: list[str]
-    ) -> AsyncIterator[Any]:
-        # Visible again after the read: the name may now route to an app the caller may not call.
-        if body.model is not None and (not await self._known(body.model) or not self._visible(caller, body.model)):
+    async def _get_response_after_refresh(self, *, body: Any, call_method: str, raw_request: Any) -> AsyncIterator[Any]:
+        if not await self._known(body.model):
             raise _not_found(body.model)  # here, not in _get_model_id: that would wait for a second read
-        if caller is not None and not caller.daemon and self._meter.stale(self._limits):
-            await self._meter.freshen()
-        subjects.extend(self._admit(caller))
         target = self._aliases.get(body.model, body.model)
         if target != body.model:
             body = body.model_copy(update={"model": target})
@@ -611,28 +328,22 @@ class ArgusIngress(OpenAiIngress):
             raise _not_found(model)
         return await super()._get_model_id(model)
 
-    async def model_data(self, model: str, request: Request) -> Any:
-        """``/v1/models/<name>``: the card of a dated id or alias the caller may call. Raises
-        InvalidApiKey (401), ModelNotFound (404) for a name not routable or not the caller's to
-        call (one answer for both: a private model's name is never confirmed)."""
-        caller = self.caller(request)
+    async def model_data(self, model: str) -> Any:
+        """``/v1/models/<name>``: the card of a dated id or alias. Raises ModelNotFound (404) for a
+        name not routable."""
         name = replace_prefix(model)  # as Ray's own: `--` in a URL segment stands for `/`
-        card = await self.model(name) if self._visible(caller, name) else None
-        if card is None or not self._visible(caller, name):
+        card = await self.model(name)
+        if card is None:
             raise _not_found(name)
         return card
 
-    async def models(self, request: Request) -> Any:
-        """Every dated model id, then every alias (``/v1/models``) the caller may call; a tabled
-        model not listed yet (its replica starting) costs one Serve read at most every
-        MISS_REFRESH_MIN_S. Raises InvalidApiKey (401)."""
-        caller = self.caller(request)
+    async def models(self) -> Any:
+        """Every dated model id, then every alias (``/v1/models``); a tabled model not listed yet
+        (its replica starting) costs one Serve read at most every MISS_REFRESH_MIN_S."""
         if len(self._routes) < len(self._table):  # a failed read lists what this replica knows
             await self._read_since(max(time.monotonic() - MISS_REFRESH_MIN_S, self._table_at))
         listing = await super().models()
         listing.data.extend(self._alias_cards.values())
-        if caller is not None:
-            listing.data = [card for card in listing.data if self._visible(caller, card.id)]
         return listing
 
 
@@ -655,56 +366,12 @@ def _unavailable(model: str) -> OpenAIHTTPException:
     )
 
 
-class InvalidApiKey(OpenAIHTTPException):
-    """No key, or one the keys file does not hold; the class name is the error's type."""
-
-
-def _digest(request: Any) -> str | None:
-    """The sha256 hex of the Bearer key of a Starlette request (None: no Bearer key, or no request)."""
-    header = request.headers.get("authorization", "") if request is not None else ""
-    if header[: len(BEARER)].lower() != BEARER:
-        return None
-    key = header[len(BEARER) :].strip()
-    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
-
-
-def _unauthorized(message: str) -> InvalidApiKey:
-    return InvalidApiKey(status_code=http_status.HTTP_401_UNAUTHORIZED, message=message, type="InvalidApiKey")
-
-
-def _model_required() -> OpenAIHTTPException:
-    return OpenAIHTTPException(
-        status_code=http_status.HTTP_400_BAD_REQUEST,
-        message="The `model` field is required.",
-        type="BadRequest",
-    )
-
-
-def _owner(app_name: str) -> str | None:
-    """The user of an argus application name (``argus--<user>--<name>``), else None."""
-    parts = app_name[len(OWNED_PREFIX) :].split("--") if app_name.startswith(OWNED_PREFIX) else []
-    return parts[0] if len(parts) == 2 and all(parts) else None
-
-
 def _not_found(model: str) -> ModelNotFound:
     return ModelNotFound(
         status_code=http_status.HTTP_404_NOT_FOUND,
         message=f"The model `{model}` does not exist or is not ready.",
         type="ModelNotFound",
     )
-
-
-def _alias(app_name: str, alias: str | None) -> str | None:
-    """The alias a table entry may route: ``alias`` (the file's ``served_name:``) when it lies in
-    the application's own user's namespace, else None; ``<user>-<name>`` when ``alias`` is empty."""
-    parts = app_name[len(OWNED_PREFIX) :].split("--")
-    if len(parts) != 2 or not all(parts):
-        return None
-    if alias:
-        # Only in the app's own user's namespace: an application PUT by code on the cluster under
-        # alice's app name can never take bob's alias (the loader's rule, enforced here again).
-        return alias if alias.startswith(f"{parts[0]}-") else None
-    return f"{parts[0]}-{parts[1]}"
 
 
 def build_router(args: dict[str, Any] | None = None) -> Application:
@@ -719,18 +386,8 @@ def build_router(args: dict[str, Any] | None = None) -> Application:
 
 def router_application(ingress: type[ArgusIngress], *args: Any) -> Application:
     """The router application of ``ingress`` (ArgusIngress, or a subclass such as the profiled one
-    of bench/router_profile.py), each replica built with the meter's handle and then ``args``."""
-    # Our own FastAPI app (Ray's, plus a handler): Ray's error middleware answers a 429 without
-    # its Retry-After header.
-    app = init()
-    app.add_exception_handler(RateLimitExceeded, rate_limited_response)
-    endpoints = {**DEFAULT_ENDPOINTS, "argus_usage": lambda fastapi_app: fastapi_app.get("/argus/usage")}
-    ingress_cls = make_fastapi_ingress(ingress, endpoint_map=endpoints, app=app)
-    # One meter replica holds the global rate windows and usage rows (reconciler/serve_apps/meter.py);
-    # it does little, so it reserves no CPU either.
-    meter = serve.deployment(
-        ArgusMeter, name=METER_DEPLOYMENT, num_replicas=1, max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0}
-    ).bind()
+    of bench/router_profile.py), each replica built with ``args``."""
+    ingress_cls = make_fastapi_ingress(ingress, endpoint_map=DEFAULT_ENDPOINTS, app=init())
     # The replica count is not set here: the application config's `deployments` override
     # carries an autoscaling_config (min 2 by default), which Serve changes in place.
     # No CPU reservation: a router replica only forwards requests; its CPU would otherwise
@@ -740,4 +397,4 @@ def router_application(ingress: type[ArgusIngress], *args: Any) -> Application:
         name="ArgusRouter",
         max_ongoing_requests=1000,
         ray_actor_options={"num_cpus": 0},
-    ).bind(meter, *args)  # type: ignore[attr-defined]
+    ).bind(*args)  # type: ignore[attr-defined]

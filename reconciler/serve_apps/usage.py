@@ -54,8 +54,10 @@ def _tokens(usage: Any) -> tuple[int, int] | None:
     """``(prompt_tokens, completion_tokens)`` of a usage object or dict (None: not one)."""
     if usage is None:
         return None
-    get = usage.get if isinstance(usage, dict) else lambda name: getattr(usage, name, None)
-    prompt, completion = get("prompt_tokens"), get("completion_tokens")
+    if isinstance(usage, dict):
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    else:
+        prompt, completion = getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
     if not isinstance(prompt, int) and not isinstance(completion, int):
         return None
     return (

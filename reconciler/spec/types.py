@@ -139,7 +139,8 @@ class Limits:
 class Serving:
     accelerator: Literal["gpu", "cpu"] = "gpu"
     accelerator_type: str | None = None
-    http_port: int = 8000
+    http_port: int = 8000  # argus's OpenAI endpoint (reconciler/endpoint), where clients call
+    internal_http_port: int = 8001  # Ray Serve's own proxy, called only by the endpoint and the prober
     proxy_location: str = "HeadOnly"
     cpus_per_replica: float = 1.0
     # Code in a model folder would run in the replica with the cluster's credentials.

@@ -1,21 +1,21 @@
-"""API keys per user and model access rules (issue 33 items 1 and 2) through the official OpenAI
-client on a real Serve.
+"""API keys per user and model access rules through the official OpenAI client, on argus's own
+endpoint (in the daemon's process) in front of a real Serve.
 
-The admin's keys file holds alice's and bob's key hashes; every ``argus reconcile --once`` gets it
-with ``--api-keys``. Alice deploys a tiny model with ``access: []`` (hers only). Through the router:
-no key or a wrong one is a 401 with an OpenAI-shaped error body; alice's key lists and calls her
-model; bob's key gets 404 for it exactly as for a model that does not exist, and does not see it
-in ``/v1/models`` (nor by ``/v1/models/<name>``). Alice then opens it (``access: ['*']``): bob's
-calls answer 200 and no replica restarts. Last, the admin removes bob's line: his key is a 401.
-Then the git server's self-service file beside the admin's (a second ``--api-keys``): bob's key made by
-``argus-shell``'s ``key new`` is a 200, mallory's (not a user of cluster.yaml) a 401, and after ``key revoke``
-bob's is a 401 again.
+One ``argus run`` serves the module, with the admin's keys file and the git server's self-service
+file (``ARGUS_API_KEYS``). Alice deploys a tiny model with ``access: []`` (hers only). Through the
+endpoint: no key or a wrong one is a 401 with an OpenAI-shaped error body; alice's key lists and
+calls her model; bob's key gets 404 for it exactly as for a model that does not exist, and does not
+see it in ``/v1/models`` (nor by ``/v1/models/<name>``). Alice then opens it (``access: ['*']``):
+bob's calls answer 200 and no replica restarts. Last, the admin removes bob's line: his key is a
+401. Then bob's key made by ``argus-shell``'s ``key new`` is a 200, mallory's (not a user of
+cluster.yaml) a 401, and after ``key revoke`` bob's is a 401 again. Nothing of it is in Ray: the
+router's config carries the model table only.
 
-Then limits and usage (items 3 and 4): carol may make CAROL_RPM requests a minute. Past them she
-gets 429 with ``Retry-After`` while bob's requests, made at the same time, all answer; after
-``Retry-After`` seconds she is admitted again. The usage documents the daemon writes on the status
-branch (read with ``argus usage --json``) then hold, per user, exactly the requests and the usage
-fields of the responses each client received.
+Then limits and usage: carol may make CAROL_RPM requests a minute. Past them she gets 429 with
+``Retry-After`` while bob's requests, made at the same time, all answer; after ``Retry-After``
+seconds she is admitted again. The usage documents the daemon writes on the status branch (read
+with ``argus usage --json``) then hold, per user, exactly the requests and the usage fields of the
+responses each client received.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import pytest
 from reconciler.builders.serve import ROUTER_APP, app_name
 from reconciler.dashboard import Dashboard
 from reconciler.observe.serve import observe_serve
+from reconciler.status.branch import read_documents
 from reconciler.testing.ray_head import RayHead
 from tests.e2e.test_daemon import DaemonProc
 from tests.support import ConfigRepo, cluster_yaml, model_yaml, remove_apps, wait_for
@@ -63,29 +64,22 @@ class Env:
     head: RayHead
     dash: Dashboard
     keys: Path
+    self_keys: Path  # the git server's self-service file, the second keys file
     cluster: dict[str, Any]
-    self_keys: Path | None = None  # the git server's self-service file, a second --api-keys
+    daemon: DaemonProc
 
-    def reconcile(self) -> dict[str, Any]:
-        cmd = [sys.executable, "-m", "reconciler.cli", "reconcile", "--once", "--repo", str(self.repo.bare)]
-        cmd += ["--ray", self.head.dashboard_url, "--format", "json", "--api-keys", str(self.keys)]
-        cmd += ["--api-keys", str(self.self_keys)] if self.self_keys else []
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-        try:
-            doc: dict[str, Any] = json.loads(proc.stdout)
-        except ValueError as exc:
-            raise AssertionError(f"no JSON (rc {proc.returncode}): {proc.stdout}\n{proc.stderr}") from exc
-        assert proc.returncode == 0, (doc, proc.stderr)
-        return doc
+    def status(self, path: str = MODEL) -> dict[str, Any]:
+        """The object's document on the status branch the daemon writes."""
+        return read_documents(str(self.repo.bare), "argus/status").get(path) or {}
 
     def client(self, key: str) -> Any:
         from openai import OpenAI
 
-        return OpenAI(base_url=f"http://127.0.0.1:{self.head.serve_port}/v1", api_key=key, max_retries=0)
+        return OpenAI(base_url=f"{self.daemon.openai_url}/v1", api_key=key, max_retries=0)
 
     def raw(self, path: str, key: str | None) -> tuple[int, dict[str, Any]]:
         """GET ``path`` of the endpoint: ``(status, JSON body)``."""
-        req = urllib.request.Request(f"http://127.0.0.1:{self.head.serve_port}{path}")
+        req = urllib.request.Request(f"{self.daemon.openai_url}{path}")
         if key is not None:
             req.add_header("Authorization", f"Bearer {key}")
         try:
@@ -103,16 +97,20 @@ def env(ray_head: RayHead, tiny_llama: Path, hf_cache: Path, tmp_path_factory: p
         (users / user).mkdir(parents=True)
     keys = root / "api-keys"  # the admin's file, outside the repository
     keys.write_text(f"# user  sha256 of the key\nalice {sha(ALICE_KEY)}\nbob {sha(BOB_KEY)}\n")
+    self_keys = root / "self-service-keys"  # as the git server writes it (absent for now: no keys)
     repo = ConfigRepo(root)
     cluster = cluster_yaml(hf_cache, users, ray_head.serve_port, users={"alice": {}, "bob": {}})
     repo.write("cluster.yaml", cluster)
     repo.commit_push("cluster")
     dash = Dashboard(ray_head.dashboard_url)
+    daemon = DaemonProc(repo, ray_head, root)
+    # The meter is read every 2 s: the usage test below waits for it.
+    daemon.start(extra_env={"ARGUS_API_KEYS": f"{keys},{self_keys}", "ARGUS_USAGE_INTERVAL": "2"})
     try:
-        yield Env(repo, ray_head, dash, keys, cluster)
+        yield Env(repo, ray_head, dash, keys, self_keys, cluster, daemon)
     finally:
-        # The router too: the next module's reconcile deploys it again without keys (an open endpoint).
-        remove_apps(dash, lambda name: name.startswith("argus--alice--") or name == ROUTER_APP)
+        daemon.stop()
+        remove_apps(dash, lambda name: name.startswith("argus--alice--"))
 
 
 def listed(client: Any) -> set[str]:
@@ -131,15 +129,16 @@ def test_keys_and_a_private_model(env: Env) -> None:
     env.repo.commit_push("alice: a private model")
 
     def running() -> dict[str, Any] | None:
-        objs = {o["object"]: o for o in env.reconcile().get("objects", [])}
-        secret = objs.get("alice/models/secret")
-        # RUNNING needs one real answer through the router: the daemon's own key was accepted.
-        return secret if secret and secret["state"] == "RUNNING" and secret["replicas"]["ready"] == 1 else None
+        secret = env.status()
+        # RUNNING needs one real answer through Serve: the daemon's probe, which carries no key.
+        return secret if secret.get("state") == "RUNNING" and secret["replicas"]["ready"] == 1 else None
 
     secret = wait_for(running, "alice's private model RUNNING", timeout=DEPLOY_TIMEOUT_S, every=3)
     dated, alias = secret["served_name"], secret["alias"]
     alice, bob = env.client(ALICE_KEY), env.client(BOB_KEY)
-    wait_for(lambda: {dated, alias} <= listed(alice), "the router to list alice's model to her", timeout=60)
+    wait_for(lambda: {dated, alias} <= listed(alice), "the endpoint to list alice's model to her", timeout=60)
+    router = observe_serve(env.dash).apps[ROUTER_APP]["deployments"][0]["user_config"]
+    assert set(router) == {"models"}, router  # no key hash, no access rule, no limit in Ray
 
     # No key, or a wrong one: 401, with an OpenAI-shaped error body.
     for key in (None, "sk-wrong"):
@@ -170,9 +169,8 @@ def test_keys_and_a_private_model(env: Env) -> None:
     before = observe_serve(env.dash).replica_ids.get(app_name("alice", "secret"))
     env.repo.write(MODEL, model_yaml(TINY, access=["*"]))
     env.repo.commit_push("alice: open the model to everyone with a key")
-    # Every router replica takes the new table in place; six listings in a row reach both (two) of them.
     wait_for(
-        lambda: env.reconcile() and all(alias in listed(bob) for _ in range(6)),
+        lambda: all(alias in listed(bob) for _ in range(6)),
         "bob to see alice's open model",
         timeout=120,
         every=2,
@@ -180,11 +178,10 @@ def test_keys_and_a_private_model(env: Env) -> None:
     assert answer(bob, alias)
     assert observe_serve(env.dash).replica_ids.get(app_name("alice", "secret")) == before
 
-    # The admin revokes bob's key: the next reconcile pushes it to the router.
+    # The admin revokes bob's key: the daemon's next tick hands it to the endpoint.
     env.keys.write_text(f"alice {sha(ALICE_KEY)}\n")
 
     def refused() -> bool:
-        env.reconcile()
         refusals = 0
         for _ in range(6):
             try:
@@ -204,7 +201,6 @@ def test_self_made_keys_beside_the_admins(env: Env) -> None:
     from tests.unit.test_git_server_keys import load_shell
 
     shell = load_shell()
-    env.self_keys = env.keys.parent / "self-service-keys"  # as the git server writes it
     bob_key, bob_id = shell.key_new("bob", str(env.self_keys), 5, 0.0)
     mallory_key, _ = shell.key_new("mallory", str(env.self_keys), 5, 0.0)
     bob, mallory = env.client(bob_key), env.client(mallory_key)
@@ -221,10 +217,10 @@ def test_self_made_keys_beside_the_admins(env: Env) -> None:
         try:
             return alias in listed(client)
         except openai.AuthenticationError:
-            return False  # the router replicas take the new table a moment after the reconcile
+            return False  # the endpoint takes the new gate at the daemon's next tick
 
     wait_for(
-        lambda: env.reconcile() and all(accepted(bob) for _ in range(6)),
+        lambda: all(accepted(bob) for _ in range(6)),
         "bob's self-made key accepted",
         timeout=120,
         every=2,
@@ -232,7 +228,7 @@ def test_self_made_keys_beside_the_admins(env: Env) -> None:
     assert answer(bob, alias)
     assert all(refused(mallory) for _ in range(6)), "a key of a user cluster.yaml does not declare"
     shell.key_revoke("bob", str(env.self_keys), bob_id)
-    wait_for(lambda: env.reconcile() and all(refused(bob) for _ in range(6)), "bob's revoked key refused", timeout=120)
+    wait_for(lambda: all(refused(bob) for _ in range(6)), "bob's revoked key refused", timeout=120)
 
 
 class Seen:
@@ -294,27 +290,17 @@ def test_limits_429_while_others_pass_and_usage_equals_the_responses(env: Env) -
     env.repo.commit_push("carol joins with a limit; alice's model open to every key")
 
     def ready() -> dict[str, Any] | None:
-        objs = {o["object"]: o for o in env.reconcile().get("objects", [])}
-        secret = objs.get("alice/models/secret")
-        if not (secret and secret["state"] == "RUNNING" and secret["replicas"]["ready"] == 1):
-            return None
-        # The router took the new table (keys, limits) in place on every replica.
-        return secret if observe_serve(env.dash).statuses.get(ROUTER_APP) == "RUNNING" else None
+        secret = env.status()
+        ok = secret.get("state") == "RUNNING" and secret["replicas"]["ready"] == 1
+        return secret if ok else None
 
-    secret = wait_for(ready, "alice's open model RUNNING, the router updated", timeout=DEPLOY_TIMEOUT_S, every=3)
+    secret = wait_for(ready, "alice's open model RUNNING", timeout=DEPLOY_TIMEOUT_S, every=3)
     alias = secret["alias"]
     carol = env.client(CAROL_KEY)
     wait_for(lambda: all(alias in listed(carol) for _ in range(6)), "carol to see the model", timeout=120, every=2)
-    # From here the daemon (`argus run`; `reconcile` writes no status) runs, reading the router's
-    # meter every 2 s; the usage it records first is the earlier tests' (the meter's rows are
-    # cumulative): the figures below are what this test adds to it.
-    files = ",".join(str(f) for f in (env.keys, env.self_keys) if f is not None)
-    daemon = DaemonProc(env.repo, env.head, env.keys.parent)
-    daemon.start(extra_env={"ARGUS_API_KEYS": files, "ARGUS_USAGE_INTERVAL": "2"})
-    try:
-        _limits_and_usage(env, daemon, alias)
-    finally:
-        daemon.stop()
+    # The daemon reads the endpoint's meter every 2 s; the usage it records first is the earlier
+    # tests' (the meter's rows are cumulative): the figures below are what this test adds to it.
+    _limits_and_usage(env, env.daemon, alias)
 
 
 def _limits_and_usage(env: Env, daemon: DaemonProc, alias: str) -> None:
@@ -342,8 +328,7 @@ def _limits_and_usage(env: Env, daemon: DaemonProc, alias: str) -> None:
         time.sleep(60.5 - into)
     minute_end = (time.time() // 60 + 1) * 60 - 1
 
-    # Carol, a request every 1.5 s (each router replica has synced with the meter in between):
-    # exactly CAROL_RPM answer, whichever replica each reaches.
+    # Carol, a request every 1.5 s: exactly CAROL_RPM answer.
     first: openai.RateLimitError | None = None
     for i in range(3 * CAROL_RPM):
         try:

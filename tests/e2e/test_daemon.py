@@ -55,6 +55,7 @@ class DaemonProc:
     def __init__(self, repo: ConfigRepo, head: RayHead, log_dir: Path) -> None:
         self.repo, self.head, self.log_dir = repo, head, log_dir
         self.listen = f"127.0.0.1:{free_port()}"
+        self.openai_listen = f"127.0.0.1:{free_port()}"  # the same across restarts
         self.run: ArgusRun | None = None
         self.starts = 0
 
@@ -64,14 +65,20 @@ class DaemonProc:
 
     def start(self, fault: str | None = None, extra_env: dict[str, str] | None = None) -> None:
         self.starts += 1
-        env = {**os.environ, "ARGUS_WEBHOOK_SECRET": SECRET, **(extra_env or {})}
+        env = {**os.environ, "ARGUS_WEBHOOK_SECRET": SECRET, "ARGUS_OPENAI_LISTEN": self.openai_listen}
+        env.update(extra_env or {})
         env.pop("ARGUS_FAULT", None)
         if fault:
             env["ARGUS_FAULT"] = fault
         args = ["--repo", str(self.repo.bare), "--ray", self.head.dashboard_url, "--listen", self.listen]
-        args += ["--observe-interval", "1", "--endpoint", self.head.serve_url + "/v1"]
+        args += ["--observe-interval", "1", "--endpoint", f"{self.openai_url}/v1"]
         self.run = ArgusRun(args, self.log_dir / f"daemon-{self.starts}.log", env).start()
         wait_for(self.healthy_or_dead, "daemon HTTP server", timeout=60)
+
+    @property
+    def openai_url(self) -> str:
+        """This daemon's OpenAI endpoint (clients add ``/v1``)."""
+        return f"http://{self.openai_listen}"
 
     def healthy_or_dead(self) -> bool:
         assert self.run is not None

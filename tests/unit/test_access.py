@@ -1,15 +1,15 @@
 """Who may call which model (issue 33 item 2): the ``access:`` field of a model file, cluster.yaml's
-``serving.default_access``, and the router's decision (:func:`reconciler.serve_apps.router.may_call`).
+``serving.default_access``, and the endpoint's decision (:func:`reconciler.endpoint.gate.may_call`).
 
 Pure: files in, specs and ``path:line`` issues out; the decision is a function of the caller, the
-model's owner and its access list. The router applying it is in tests/unit/test_router_auth.py.
+model's owner and its access list. The endpoint applying it is in tests/unit/test_endpoint.py.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from reconciler.serve_apps.router import Caller, may_call
+from reconciler.endpoint.gate import Caller, may_call
 from reconciler.spec.hashing import model_spec_hash
 from reconciler.spec.loader import SourceFile, load
 from reconciler.spec.types import DesiredState, ObjectKey

@@ -108,9 +108,9 @@ def test_only_an_explicit_alias_reaches_the_app_config_and_hash() -> None:
 
 def test_the_router_takes_an_alias_only_in_the_apps_own_namespace() -> None:
     """An application PUT by code on the cluster under alice's app name cannot route bob's alias."""
-    from reconciler.serve_apps.router import _alias
+    from reconciler.serve_apps.table import alias_of
 
-    assert _alias("argus--alice--chat", "alice-prod") == "alice-prod"
-    assert _alias("argus--alice--chat", "bob-prod") is None
-    assert _alias("argus--alice--chat", "") == "alice-chat"
-    assert _alias("argus--odd", "odd-x") is None
+    assert alias_of("argus--alice--chat", "alice-prod") == "alice-prod"
+    assert alias_of("argus--alice--chat", "bob-prod") is None
+    assert alias_of("argus--alice--chat", "") == "alice-chat"
+    assert alias_of("argus--odd", "odd-x") is None

@@ -25,7 +25,7 @@ from reconciler.plan.demand import model_resources_per_replica
 from reconciler.spec.hashing import model_spec_fields, model_spec_hash
 from reconciler.spec.types import ClusterSpec, ModelSpec, ObjectKey, RouterSettings, Serving
 
-CPU = ClusterSpec(serving=Serving(accelerator="cpu", cpus_per_replica=2.0, http_port=8123))
+CPU = ClusterSpec(serving=Serving(accelerator="cpu", cpus_per_replica=2.0, http_port=8124, internal_http_port=8123))
 GPU = ClusterSpec(serving=Serving(accelerator="gpu", accelerator_type="H100"))
 
 
@@ -107,7 +107,7 @@ def test_zero_replicas_rejected() -> None:
 def test_router_and_serve_config() -> None:
     router = router_app_config(CPU)
     assert router == router_app_config(GPU)  # only serving.router matters: same code and args everywhere
-    assert router["name"] == "argus-router" and router["route_prefix"] == "/" and router["args"] == {"table": 3}
+    assert router["name"] == "argus-router" and router["route_prefix"] == "/" and router["args"] == {"table": 4}
     # Two replicas by default (losing one drops no request), autoscaled like Ray Serve LLM's ingress.
     assert router["deployments"] == [
         {
@@ -124,6 +124,7 @@ def test_router_and_serve_config() -> None:
     }
     assert changed["deployments"][0]["autoscaling_config"]["min_replicas"] == 3
     body = serve_config([router], CPU)
+    # Serve's own proxy listens on the internal port: clients call argus's endpoint at http_port.
     assert body["http_options"] == {"host": "0.0.0.0", "port": 8123}
     assert body["proxy_location"] == "HeadOnly"
     assert body["applications"] == [router] and body["applications"][0] is not router
@@ -182,7 +183,7 @@ def test_observer_parses_owned_foreign_and_imperative() -> None:
     assert dict(actual.resources_per_replica) == {"CPU": 2.0}
     assert obs.foreign_apps() == {"other": foreign}
     assert obs.imperative == {"manual"} and "manual" not in obs.apps
-    assert obs.settings_mismatch(CPU)[0].startswith("serving.http_port is 8123")
+    assert obs.settings_mismatch(CPU)[0].startswith("serving.internal_http_port is 8123")
 
 
 def test_apply_decision() -> None:

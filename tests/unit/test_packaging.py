@@ -240,7 +240,7 @@ def test_compose_clients_accept_the_files(tmp_path: Path, files: list[str]) -> N
         proc = subprocess.run(args, env=env, capture_output=True, text=True, cwd=tmp_path)
         assert proc.returncode == 0, f"{' '.join(client)}: {proc.stderr}"
         config = yaml.safe_load(proc.stdout)
-        assert sorted(config["services"]) == ["argus", "files", "git", "head", "worker-1", "worker-2"]
+        assert sorted(config["services"]) == ["argus", "endpoint", "files", "git", "head", "worker-1", "worker-2"]
         checked += 1
     if not checked:
         message = "neither docker-compose nor docker compose is installed (apt-get install docker-compose)"
@@ -377,13 +377,14 @@ def test_worker_driver_slots_follow_the_gpu_count(tmp_path: Path) -> None:
 
 
 def test_cpu_profile_keeps_the_services_and_drops_the_gpus() -> None:
-    assert sorted(CPU["services"]) == ["argus", "head", "worker-1", "worker-2"]
+    assert sorted(CPU["services"]) == ["argus", "endpoint", "head", "worker-1", "worker-2"]
     for name, service in CPU["services"].items():
         assert service["build"]["args"]["ARGUS_EXTRA"] == "cpu", name
         assert service["build"]["args"]["ARGUS_BASE_IMAGE"] == "debian:bookworm-slim", name
         assert service["image"] == "argus-ray-node:cpu"
         assert "deploy" not in service and "command" not in service, "same entrypoints, no GPU reservations"
     assert set(CPU["services"]["argus"]) == {"image", "build"}, "the daemon: only its image changes"
+    assert set(CPU["services"]["endpoint"]) == {"image", "build"}, "the endpoint: only its image changes"
     for name in ("worker-1", "worker-2"):
         env = CPU["services"][name]["environment"]
         assert int(env["ARGUS_WORKER_GPUS"]) >= 1, "logical GPUs"
@@ -486,7 +487,7 @@ def test_compose_shares_private_and_the_repository() -> None:
     sources = {
         name: {str(v).split(":")[0] for v in s.get("volumes", []) if str(v).split(":")[1] == "/private"}
         for name, s in services.items()
-        if name not in ("git", "files")
+        if name not in ("git", "files", "endpoint")  # the endpoint reads no file of anyone's
     }
     assert len(set.union(*sources.values())) == 1, f"every node must mount the same /private: {sources}"
     assert all(sources.values())
@@ -503,7 +504,7 @@ def test_compose_shares_private_and_the_repository() -> None:
 def test_ray_token_auth_is_on_and_secrets_go_where_they_are_needed() -> None:
     services = COMPOSE["services"]
     images = [name for name, s in services.items() if s.get("image", "").startswith("argus-ray-node")]
-    assert sorted(images) == sorted([*RAY_NODES, "argus"])
+    assert sorted(images) == sorted([*RAY_NODES, "argus", "endpoint"])
     for name in RAY_NODES:
         env = services[name]["environment"]
         assert env["RAY_AUTH_MODE"] == "token", name
@@ -514,6 +515,7 @@ def test_ray_token_auth_is_on_and_secrets_go_where_they_are_needed() -> None:
     with_env_file = sorted(name for name, s in services.items() if s.get("env_file"))
     assert with_env_file == ["argus"], "only the daemon's container reads .env"
     assert not services["files"].get("secrets") and not services["git"].get("secrets")
+    assert not services["endpoint"].get("secrets"), "the endpoint never talks to Ray with its token"
 
 
 def test_no_ray_node_holds_anything_of_the_daemons() -> None:
@@ -541,6 +543,28 @@ def test_the_daemons_service_runs_apart_with_little_root() -> None:
     private = [v for v in daemon["volumes"] if str(v).split(":")[1] == "/private"]
     assert private and all(str(v).endswith(":ro") for v in private), "the daemon only reads the shared folder"
     assert daemon["networks"] == ["ray"] and daemon["depends_on"]["git"]["condition"] == "service_healthy"
+
+
+def test_the_openai_endpoint_is_its_own_service_out_of_rays_reach() -> None:
+    """Keys, access rules, limits and usage are decided in the endpoint service (its own container and uid,
+    no Ray token), which reaches Serve's proxy on the ray network; no Ray node publishes the OpenAI port, and
+    the daemon's private link is a volume of the argus and endpoint services only."""
+    services = COMPOSE["services"]
+    endpoint, daemon = services["endpoint"], services["argus"]
+    assert endpoint["command"] == ["endpoint"] and endpoint["user"] == "0:0" and endpoint["cap_drop"] == ["ALL"]
+    assert set(endpoint["cap_add"]) <= {"CHOWN", "DAC_OVERRIDE", "SETUID", "SETGID"}
+    assert "no-new-privileges:true" in endpoint["security_opt"]
+    assert "8000:8000" in published(endpoint)
+    assert mount_targets(endpoint) == {"/run/argus-link"}
+    assert endpoint["environment"]["ARGUS_SERVE_URL"].startswith("http://head:")
+    assert daemon["environment"]["ARGUS_OPENAI_LISTEN"] == "off"
+    assert daemon["environment"]["ARGUS_ENDPOINT_LINK"] == endpoint["environment"]["ARGUS_ENDPOINT_LINK"]
+    assert "argus-link:/run/argus-link" in daemon["volumes"]
+    holders = sorted(n for n, s in services.items() if any("argus-link" in str(v) for v in s.get("volumes", [])))
+    assert holders == ["argus", "endpoint"]
+    for name in RAY_NODES:
+        assert not {p.rsplit(":", 1)[-1] for p in published(services[name])} & {"8000", "8001"}, name
+    assert "endpoint) shift; endpoint_node" in (NODE / "argus-node").read_text()
 
 
 def fake_ray(tmp_path: Path) -> Path:

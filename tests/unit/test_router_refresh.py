@@ -26,7 +26,6 @@ from reconciler.serve_apps.router import MISS_REFRESH_MIN_S, ArgusIngress
 APP, MODEL_ID, ALIAS = "argus--ivy--chat", "ivy-202612012216-chat", "ivy-chat"
 DEPLOYMENT = f"LLMServer:{MODEL_ID}"
 TABLE = {"models": [[APP, DEPLOYMENT, MODEL_ID, ""]]}
-NO_REQUEST: Any = None  # what the HTTP request is to a router without keys: not read
 
 
 @dataclass
@@ -88,7 +87,7 @@ async def settled(ingress: ArgusIngress, table: Any) -> ArgusIngress:
 async def card(ingress: ArgusIngress, name: str) -> str | None:
     """``/v1/models/<name>``: the card's id, or None for a 404."""
     try:
-        return str((await ingress.model_data(name, NO_REQUEST)).id)
+        return str((await ingress.model_data(name)).id)
     except OpenAIHTTPException as exc:
         assert exc.status_code == 404
         return None
@@ -103,7 +102,7 @@ def test_a_model_one_replica_lists_is_no_404_from_the_other(serve: FakeServe) ->
         assert await card(a, MODEL_ID) is None and await card(b, ALIAS) is None  # still starting
         serve.running = True
         await asyncio.sleep(MISS_REFRESH_MIN_S)
-        listing = await a.models(NO_REQUEST)
+        listing = await a.models()
         assert [m.id for m in listing.data] == [MODEL_ID, ALIAS]
         # B's last read said "not running": /v1/models/<name> must read again, not answer from it.
         assert await card(b, ALIAS) == ALIAS
@@ -217,7 +216,7 @@ def test_requests_waiting_for_a_read_are_bounded_in_number_and_time(
         b = await replica()
         serve.delay_s = 1.5  # the controller answers slowly
         start = time.monotonic()
-        answers = await asyncio.gather(*(b.model_data(MODEL_ID, NO_REQUEST) for _ in range(20)), return_exceptions=True)
+        answers = await asyncio.gather(*(b.model_data(MODEL_ID) for _ in range(20)), return_exceptions=True)
         took = time.monotonic() - start
         assert all(isinstance(a, OpenAIHTTPException) and a.status_code == 503 for a in answers), answers[:3]
         assert b._waiting == 0

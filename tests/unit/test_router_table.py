@@ -9,15 +9,8 @@ from typing import Any
 from reconciler.apply.serve import target_apps
 from reconciler.builders.serve import model_app_config, router_app_config, router_table
 from reconciler.observe.serve import parse_serve_details
-from reconciler.serve_apps.router import (
-    MAX_TABLE_ENTRIES,
-    REFRESH_BOUNDS_S,
-    SAFETY_REFRESH_S,
-    Entry,
-    Route,
-    claim_names,
-    parse_table,
-)
+from reconciler.serve_apps.router import Route, claim_names
+from reconciler.serve_apps.table import MAX_TABLE_ENTRIES, REFRESH_BOUNDS_S, SAFETY_REFRESH_S, Entry, parse_table
 from reconciler.spec.types import ClusterSpec, ModelSpec, ObjectKey, Serving
 
 CPU = ClusterSpec(serving=Serving(accelerator="cpu", cpus_per_replica=1.0))

@@ -1,38 +1,34 @@
-"""The router's meter (reconciler/serve_apps/meter.py): ``ArgusMeter`` and each router replica's
-``MeterClient`` against it, a meter that fails or hangs, the background sync, and the 429 the
-router answers (through a FastAPI app with Ray's error middleware)."""
+"""The endpoint's meter (reconciler/endpoint/meter.py): the daemon's ``Meter`` and each endpoint
+process's ``MeterClient`` against it, a meter that fails or hangs, the background sync, and a
+process waking from idle. The 429 itself is answered in tests/unit/test_endpoint.py."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from ray.llm._internal.serve.core.configs.openai_api_models import OpenAIHTTPException
 
-from reconciler.serve_apps import meter as meter_module
+from reconciler.endpoint import meter as meter_module
+from reconciler.endpoint.meter import Meter, MeterClient, RateLimitExceeded
 from reconciler.serve_apps.limits import Limits
-from reconciler.serve_apps.meter import ArgusMeter, MeterClient, RateLimitExceeded, rate_limited_response
 
 
 class Handle:
-    """A DeploymentHandle stand-in calling an ArgusMeter in process; ``fail``: each call raises,
-    ``delay``: each call hangs that long first."""
+    """The link to a Meter in process, counting its calls; ``fail``: each call raises, ``delay``: each
+    call hangs that long first."""
 
-    def __init__(self, target: ArgusMeter) -> None:
+    def __init__(self, target: Meter) -> None:
         self.target, self.calls, self.fail, self.delay = target, 0, False, 0.0
-        self.sync = SimpleNamespace(remote=lambda deltas: self._call(self.target.sync, deltas))
-        self.usage = SimpleNamespace(remote=lambda: self._call(self.target.usage))
 
-    async def _call(self, method: Any, *args: Any) -> Any:
+    async def __call__(self, deltas: Any) -> dict[str, Any]:
         self.calls += 1
         if self.delay:
             await asyncio.sleep(self.delay)
         if self.fail:
             raise ConnectionError("meter gone")
-        return await method(*args)
+        return self.target.sync(deltas)
 
 
 class Log:
@@ -48,7 +44,7 @@ class Log:
 @pytest.fixture
 def log(monkeypatch: pytest.MonkeyPatch) -> Log:
     fake = Log()
-    monkeypatch.setattr(meter_module, "logger", fake)
+    monkeypatch.setattr(meter_module, "log", fake)
     return fake
 
 
@@ -57,8 +53,8 @@ LIMITS = Limits((3, None))
 
 def test_replicas_sharing_the_meter_enforce_one_limit() -> None:
     async def scenario() -> None:
-        handle = Handle(ArgusMeter())
-        a, b = MeterClient(handle), MeterClient(handle)  # type: ignore[arg-type]
+        handle = Handle(Meter())
+        a, b = MeterClient(handle), MeterClient(handle)
         assert a.admit(LIMITS, "alice", None) == ["u:alice"]
         assert a.admit(LIMITS, "alice", None) == ["u:alice"]
         assert await a.sync()
@@ -66,7 +62,7 @@ def test_replicas_sharing_the_meter_enforce_one_limit() -> None:
         b.admit(LIMITS, "alice", None)
         with pytest.raises(RateLimitExceeded) as refused:
             b.admit(LIMITS, "alice", None)
-        assert refused.value.status_code == 429 and refused.value.retry_after >= 1
+        assert refused.value.retry_after >= 1
         assert b.admit(LIMITS, "bob", None) == ["u:bob"]  # another user is not refused
         assert b.admit(None, "alice", None) == []  # no limits in the table: nothing counted
 
@@ -75,9 +71,9 @@ def test_replicas_sharing_the_meter_enforce_one_limit() -> None:
 
 def test_a_failing_meter_never_fails_requests_and_is_logged_once(log: Log) -> None:
     async def scenario() -> None:
-        handle = Handle(ArgusMeter())
+        handle = Handle(Meter())
         handle.fail = True
-        client = MeterClient(handle)  # type: ignore[arg-type]
+        client = MeterClient(handle)
         client.admit(LIMITS, "alice", None)
         client.counters.record(time.time(), "alice", "argus--bob--chat", 1, 5, 5)
         assert not await client.sync()
@@ -90,8 +86,8 @@ def test_a_failing_meter_never_fails_requests_and_is_logged_once(log: Log) -> No
         assert len(log.lines) == 1 and "did not answer" in log.lines[0]
         handle.fail = False
         assert await client.sync()
-        assert log.lines[-1] == "argus router: the meter answers again"
-        rows = (await client.usage())["rows"]
+        assert log.lines[-1] == "argus endpoint: the meter answers again"
+        rows = handle.target.usage()["rows"]
         assert [(r["user"], r["requests"], r["prompt_tokens"]) for r in rows] == [("alice", 1, 5)]  # once
 
     asyncio.run(scenario())
@@ -101,30 +97,49 @@ def test_a_hanging_meter_costs_a_sync_its_timeout_not_a_request(monkeypatch: pyt
     monkeypatch.setattr(meter_module, "SYNC_TIMEOUT_S", 0.05)
 
     async def scenario() -> None:
-        handle = Handle(ArgusMeter())
+        handle = Handle(Meter())
         handle.delay = 5.0
-        client = MeterClient(handle)  # type: ignore[arg-type]
+        client = MeterClient(handle)
         client.admit(LIMITS, "alice", None)
         started = time.monotonic()
         assert not await client.sync()
         assert time.monotonic() - started < 1.0
         assert client.counters.pending == {"u:alice": [1, 0]}
-        with pytest.raises(OpenAIHTTPException) as unavailable:
-            await client.usage()
-        assert unavailable.value.status_code == 503
 
     asyncio.run(scenario())
 
 
-def test_usage_flushes_this_replicas_counts_first() -> None:
+def test_the_daemons_meter_answers_usage_rows_since_its_epoch() -> None:
     async def scenario() -> None:
-        client = MeterClient(Handle(ArgusMeter()))  # type: ignore[arg-type]
-        client.counters.record(time.time(), "(daemon)", "argus--bob--chat", 1, 2, 3)
-        answer = await client.usage()
-        assert len(answer["epoch"]) == 32 and answer["rows"][0]["user"] == "(daemon)"
-        with pytest.raises(OpenAIHTTPException) as unavailable:
-            await MeterClient(None).usage()  # no meter bound
-        assert unavailable.value.status_code == 503
+        meter = Meter()
+        client = MeterClient(meter.link)
+        client.counters.record(time.time(), "alice", "argus--bob--chat", 1, 2, 3)
+        assert await client.flush()
+        answer = meter.usage()
+        assert len(answer["epoch"]) == 32 and answer["rows"][0]["user"] == "alice"
+        assert not await MeterClient(None).flush()  # no meter linked: counts stay local
+
+    asyncio.run(scenario())
+
+
+def test_a_process_waking_from_idle_asks_the_meter_before_deciding() -> None:
+    """Process b synced long ago (idle processes stop syncing); meanwhile a admitted bob's whole
+    minute. b's next request for bob waits for one sync and is refused: the limit is the
+    cluster's, not each process's."""
+
+    async def scenario() -> None:
+        handle = Handle(Meter())
+        a, b = MeterClient(handle), MeterClient(handle)
+        limits = Limits((2, None))
+        for _ in range(2):
+            a.admit(limits, "bob", None)
+        assert await a.sync()
+        assert b.stale(limits)
+        await b.freshen()
+        assert not b.stale(limits)
+        with pytest.raises(RateLimitExceeded):
+            b.admit(limits, "bob", None)
+        assert b.admit(limits, "alice", None) == ["u:alice"]
 
     asyncio.run(scenario())
 
@@ -134,8 +149,8 @@ def test_the_background_sync_runs_while_busy_and_stops_when_idle(monkeypatch: py
     monkeypatch.setattr(meter_module, "BUSY_FOR_S", 0.1)
 
     async def scenario() -> None:
-        handle = Handle(ArgusMeter())
-        client = MeterClient(handle)  # type: ignore[arg-type]
+        handle = Handle(Meter())
+        client = MeterClient(handle)
         await asyncio.sleep(0.05)
         assert handle.calls == 0  # never had traffic: never syncs
         client.admit(LIMITS, "alice", None)
@@ -151,20 +166,3 @@ def test_the_background_sync_runs_while_busy_and_stops_when_idle(monkeypatch: py
         client._task.cancel()
 
     asyncio.run(scenario())
-
-
-def test_a_429_carries_retry_after_and_an_openai_error_body() -> None:
-    from fastapi.testclient import TestClient
-    from ray.llm._internal.serve.core.ingress.ingress import init
-
-    app = init()
-    app.add_exception_handler(RateLimitExceeded, rate_limited_response)
-
-    @app.get("/limited")
-    async def limited() -> None:
-        raise RateLimitExceeded(17, "Rate limit exceeded: retry in 17 s.")
-
-    answer = TestClient(app, raise_server_exceptions=False).get("/limited")
-    assert answer.status_code == 429 and answer.headers["retry-after"] == "17"
-    error = answer.json()["error"]
-    assert error["type"] == "RateLimitExceeded" and error["code"] == 429 and "retry in 17 s" in error["message"]

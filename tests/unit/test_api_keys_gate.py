@@ -1,6 +1,8 @@
-"""What the daemon hands the router from several API keys files (reconciler/apply/applier.py with
-reconciler/observe/api_keys.py): the admin's and the git server's self-service file united, and the keys
-of users cluster.yaml's ``users:`` does not declare left out. Real git, the dashboard stand-in."""
+"""What the daemon hands its OpenAI endpoint from several API keys files (reconciler/apply/applier.py with
+reconciler/observe/api_keys.py and reconciler/endpoint/hub.py): the admin's and the git server's
+self-service file united, the keys of users cluster.yaml's ``users:`` does not declare left out, and
+nothing of it in what Serve is sent (any job reads and rewrites Serve's configs). Real git, the
+dashboard stand-in."""
 
 from __future__ import annotations
 
@@ -22,16 +24,18 @@ def sha(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def router_keys(ray: FakeRay) -> dict[str, Any]:
+def router_keys(ray: FakeRay, parts: Any) -> dict[str, Any]:
+    """The keys of the daemon's gate config, after checking Serve was sent only the model table."""
     for app in ray.apps.values():
         for deployment in app.get("deployments") or []:
             config = deployment.get("user_config") or {}
-            if "keys" in config:
-                return dict(config["keys"])
-    raise AssertionError(f"no router with keys among {sorted(ray.apps)}")
+            assert set(config) <= {"models"}, f"{app['name']} carries {sorted(config)} into Ray"
+    _version, gate = parts.endpoint.gate()
+    assert gate is not None, "no gate config was published"
+    return dict(gate.get("keys") or {})
 
 
-def test_the_router_gets_the_union_of_the_files_without_undeclared_users(tmp_path: Path) -> None:
+def test_the_endpoint_gets_the_union_of_the_files_without_undeclared_users(tmp_path: Path) -> None:
     (tmp_path / "users" / "alice").mkdir(parents=True)
     repo = ConfigRepo(tmp_path)
     repo.write("cluster.yaml", cluster_yaml(tmp_path / "hf", tmp_path / "users", 8000, users={"alice": {}, "bob": {}}))
@@ -44,11 +48,18 @@ def test_the_router_gets_the_union_of_the_files_without_undeclared_users(tmp_pat
     source = open_source(str(repo.bare), str(repo.bare) + "-cache")
     ray = FakeRay()
     parts = build_parts(
-        source, "main", ray, fs=AllowAll(), secrets_env={}, task_check=lambda t, c: [], api_keys=[str(admin), str(own)]
+        source,
+        "main",
+        ray,
+        fs=AllowAll(),
+        secrets_env={},
+        task_check=lambda t, c: [],
+        api_keys=[str(admin), str(own)],
+        endpoint_link=str(tmp_path / "link.sock"),  # an endpoint elsewhere: no port bound here
     )
     daemon = Daemon(parts, StatusWriter(source), metrics=Metrics())
     daemon.run_once()
-    assert router_keys(ray) == {sha("bob-key"): "bob", sha("alice-key"): "alice"}  # mallory: not a user
+    assert router_keys(ray, parts) == {sha("bob-key"): "bob", sha("alice-key"): "alice"}  # mallory: not a user
     own.write_text("mallory x\n")  # alice revoked hers (and a bad line): read again at the next tick
     daemon.run_once()
-    assert router_keys(ray) == {sha("bob-key"): "bob"}
+    assert router_keys(ray, parts) == {sha("bob-key"): "bob"}
