@@ -212,7 +212,7 @@ def cmd_endpoint(args: argparse.Namespace) -> int:
     from reconciler.endpoint.hub import parse_listen
     from reconciler.endpoint.link import LinkClient
     from reconciler.endpoint.server import Endpoint
-    from reconciler.endpoint.service import start_site
+    from reconciler.endpoint.service import new_loop, start_site
     from reconciler.redact import RedactingFormatter
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -243,7 +243,8 @@ def cmd_endpoint(args: argparse.Namespace) -> int:
             await runner.cleanup()
             await link.close()
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        runner.run(main())
     return 0
 
 

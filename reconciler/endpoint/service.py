@@ -24,6 +24,17 @@ STOP_TIMEOUT_S = 10.0  # cleaning the runner up (requests in flight get this lon
 BACKLOG = 1024  # the listening socket's backlog
 
 
+def new_loop() -> asyncio.AbstractEventLoop:
+    """An event loop for the endpoint: uvloop's when it is installed (it comes with Ray Serve's
+    uvicorn[standard]; a faster loop is less CPU per forwarded chunk), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
 async def start_site(endpoint: Endpoint, host: str, port: int) -> web.AppRunner:
     """Bind ``endpoint``'s application on ``host:port``; returns its runner (``cleanup()`` stops
     it). Raises OSError when the port cannot be bound."""
@@ -61,7 +72,7 @@ class SiteThread:
             raise self._error
 
     def _run(self) -> None:
-        loop = self._loop = asyncio.new_event_loop()
+        loop = self._loop = new_loop()
         asyncio.set_event_loop(loop)
         try:
             loop.run_until_complete(self._main())

@@ -51,6 +51,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import ray.serve.context as serve_context
 from fastapi import status as http_status
 from ray import serve
 from ray.llm._internal.serve.core.configs.openai_api_models import OpenAIHTTPException, to_model_metadata
@@ -142,7 +143,15 @@ class ArgusIngress(OpenAiIngress):
         Serve calls this on every replica in place when the router's ``user_config`` changes.
         Runs on the replica's event loop without awaiting anything: no request sees half a table,
         and the update never waits on the Serve controller.
+
+        Any job can also call it through a deployment handle (``handle.reconfigure.remote(...)``),
+        with a table that routes nothing: such a call is a request (Serve sets its request
+        context, which the controller's own call has not) and is refused, so the table is only
+        ever the deployed ``user_config``.
         """
+        if called_as_request():
+            logger.warning("argus router: a reconfigure() sent as a request (a deployment handle) was refused")
+            return
         table, refresh, problems = parse_table(user_config)
         for problem in problems[:10]:  # bounded: a huge bad table logs ten lines, not one per row
             logger.warning("argus router: %s", problem)
@@ -345,6 +354,13 @@ class ArgusIngress(OpenAiIngress):
         listing = await super().models()
         listing.data.extend(self._alias_cards.values())
         return listing
+
+
+def called_as_request() -> bool:
+    """True when the running code serves a request (an HTTP call or a deployment handle's): Serve
+    sets the request context for those, not for its controller's calls (``reconfigure``)."""
+    context = serve_context._serve_request_context.get()
+    return bool(context is not None and (context.request_id or context._internal_request_id))
 
 
 class _Read:

@@ -226,3 +226,26 @@ def test_requests_waiting_for_a_read_are_bounded_in_number_and_time(
         assert await card(b, MODEL_ID) == MODEL_ID
 
     asyncio.run(scenario())
+
+
+def test_a_reconfigure_sent_through_a_deployment_handle_is_refused(serve: FakeServe) -> None:
+    """Any job can call ``handle.reconfigure.remote({"models": []})`` on the router's replicas: that is
+    a request (Serve sets its request context) and changes nothing; Serve's own call still does."""
+    import ray.serve.context as serve_context
+
+    async def scenario() -> None:
+        ingress = await replica()
+        serve.running = True
+        await ingress._read_since(time.monotonic())
+        assert await card(ingress, ALIAS) == ALIAS
+
+        async def forged() -> None:
+            serve_context._serve_request_context.set(serve_context._RequestContext(request_id="job-1"))
+            await ingress.reconfigure({"models": []})
+
+        await asyncio.create_task(forged())  # its own context, as a request's
+        assert await card(ingress, ALIAS) == ALIAS, "a job's table was taken"
+        await ingress.reconfigure({"models": []})  # the controller's: taken
+        assert await card(ingress, ALIAS) is None
+
+    asyncio.run(scenario())
