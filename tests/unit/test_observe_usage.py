@@ -37,9 +37,9 @@ def meter(*rows: tuple[str, str, int, int, int]) -> dict[str, Any]:
                 "prompt_tokens": p,
                 "completion_tokens": c,
             }
-                for u, a, r, p, c in rows
-            ],
-        }
+            for u, a, r, p, c in rows
+        ],
+    }
 
 
 class Router:
