@@ -199,7 +199,8 @@ def check_openai(settings: Settings) -> str:
     else:
         parts = urllib.parse.urlsplit(settings.ray)
         host = parts.hostname or "127.0.0.1"
-        base = f"{parts.scheme or 'http'}://{host}:{_cluster(settings).serving.http_port}"
+        # Serve's own proxy (the endpoint forwards there, the daemon's probes ask there): no key needed.
+        base = f"{parts.scheme or 'http'}://{host}:{_cluster(settings).serving.internal_http_port}"
     url = base + "/v1/models"
     try:
         status, body = _get(url, settings.timeout)

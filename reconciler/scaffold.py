@@ -198,6 +198,7 @@ paths:
 serving:
   accelerator: gpu
   http_port: 8000            # the OpenAI-compatible endpoint: http://<head>:8000/v1
+  internal_http_port: 8001   # Ray Serve's own proxy behind it: the cluster's internal network only
   proxy_location: HeadOnly
 training:
   rollout: vllm
