@@ -200,7 +200,7 @@ def env() -> Iterator[Env]:
 
 def test_images_and_services(env: Env) -> None:
     names = {line.split()[0] for line in env.stack.compose("ps", "--services").stdout.splitlines() if line}
-    assert names == {"head", "argus", "worker-1", "worker-2", "git", "files"}
+    assert names == {"head", "argus", "endpoint", "worker-1", "worker-2", "git", "files"}
     sizes = env.stack.daemon.docker("image", "ls", "--format", "{{.Repository}}:{{.Tag}} {{.Size}}").stdout
     for image in ("argus-ray-node:cpu", "argus-git-server:latest", "argus-sftp:latest"):
         assert image in sizes, sizes
@@ -442,7 +442,7 @@ def test_model_runs_on_a_worker_and_answers_openai(env: Env) -> None:
     chat = {"model": doc["served_name"], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
     with pytest.raises(AuthenticationError):  # closed by default: a key is needed
         OpenAI(base_url=base, api_key="unused", max_retries=0).chat.completions.create(**chat, temperature=0)
-    # Her key, made over the git server's SSH, reaches the router at the daemon's next tick.
+    # Her key, made over the git server's SSH, reaches the endpoint at the daemon's next tick.
     client = OpenAI(base_url=base, api_key=api_key(env, "alice"), max_retries=0)
 
     def answered() -> Any:
@@ -453,6 +453,13 @@ def test_model_runs_on_a_worker_and_answers_openai(env: Env) -> None:
 
     answer = wait_for(answered, "alice's new API key accepted", timeout=60, every=2)
     assert answer.choices[0].message.content is not None
+    # The endpoint is a service of its own: argus endpoint as argusd, no Ray token, the daemon's link only.
+    ps = env.stack.exec("endpoint", "ps", "-eo", "user:20,args").stdout
+    assert any(line.split()[0] == "argusd" and "argus endpoint" in line for line in ps.splitlines()), ps
+    assert env.stack.exec("endpoint", "test", "-e", "/run/secrets/ray_auth_token", check=False).returncode != 0
+    # No key reached Ray: the router's config holds the model table only.
+    apps = env.stack.dashboard("/api/serve/applications/")["applications"]
+    assert set(apps["argus-router"]["deployed_app_config"]["deployments"][0]["user_config"]) == {"models"}
     for service, expect in (("head", False), ("worker-1", None), ("worker-2", None)):
         ps = env.stack.exec(service, "ps", "-eo", "args").stdout
         if expect is False:

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from reconciler.builders.serve import router_app_config, router_limits
+from reconciler.builders.serve import gate_config, router_app_config, router_limits
 from reconciler.spec.loader import SourceFile, load
 from reconciler.spec.types import ClusterSpec, DesiredState, Limits, Serving, Team, UserPolicy
 
@@ -66,36 +66,18 @@ CLUSTER = ClusterSpec(
 )
 
 
-def user_config(cluster: ClusterSpec, **kw: object) -> dict[str, object]:
-    config = router_app_config(cluster, [], **kw)  # type: ignore[arg-type]
-    out: dict[str, object] = config["deployments"][0]["user_config"]
-    return out
-
-
-def test_router_limits_travel_with_keys_only() -> None:
+def test_limits_travel_to_the_endpoint_with_keys_only() -> None:
     # alice's own tokens limit; her requests limit is the default's (cluster.yaml overrides key by key).
     limits = {"default": [600, None], "users": {"alice": [600, 400000]}, "teams": {"vision": [2000, None]}}
     assert router_limits(CLUSTER) == limits
-    assert user_config(CLUSTER, keys={"h": "alice"}, daemon="d")["limits"] == limits
+    assert gate_config(CLUSTER, keys={"h": "alice"})["limits"] == limits
     # Without a keys file callers are unknown: nothing to limit per user (documented open endpoint).
-    assert "limits" not in user_config(CLUSTER, keys=None, daemon="d")
-    # Keys but no limit set anywhere: no `limits` entry (the router's table is unchanged).
-    assert "limits" not in user_config(ClusterSpec(serving=Serving(accelerator="cpu")), keys={"h": "a"}, daemon="d")
+    assert "limits" not in gate_config(CLUSTER, keys=None)
+    # Keys but no limit set anywhere: no `limits` entry.
+    assert "limits" not in gate_config(ClusterSpec(serving=Serving(accelerator="cpu")), keys={"h": "a"})
 
 
-def test_the_daemon_key_travels_even_without_keys() -> None:
-    """The daemon's key digest authorizes GET /argus/usage, which exists with or without a keys file."""
-    assert user_config(CLUSTER, daemon="d")["daemon"] == "d"
-    assert user_config(CLUSTER, keys={"h": "alice"}, daemon="d")["daemon"] == "d"
-    assert "keys" not in user_config(CLUSTER, daemon="d")
-
-
-def test_the_put_carries_the_daemon_key_without_a_keys_file() -> None:
-    """The applier hands the daemon's key digest with or without keys (reconciler/apply/applier.py)."""
-    from reconciler.apply.serve import RouterAuth, target_apps
-    from reconciler.observe.serve import parse_serve_details
-
-    obs = parse_serve_details({"applications": {}})
-    target = target_apps([], obs, CLUSTER, RouterAuth(None, {}, daemon="d"))
-    config = target["argus-router"]["deployments"][0]["user_config"]
-    assert config["daemon"] == "d" and "keys" not in config and "limits" not in config
+def test_no_limit_and_no_key_is_ever_in_the_routers_serve_config() -> None:
+    """Any job reads and rewrites Serve configs: the router's carries the model table only."""
+    config = router_app_config(CLUSTER, [])["deployments"][0]["user_config"]
+    assert config == {"models": []}
