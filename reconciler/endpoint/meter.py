@@ -34,8 +34,28 @@ SYNC_TIMEOUT_S = 2.0  # bound on one sync with the meter
 STALE_S = 2 * SYNC_BUSY_S  # windows older than this are refreshed before a limited request is decided
 FRESHEN_TIMEOUT_S = 0.25  # bound on that refresh: past it, the request is decided with what is known
 
+MAX_TOKENS = 10_000_000  # tokens one request is billed at most, of each kind (when it sets no bound)
+TEMPLATE_TOKENS = 4096  # a chat template's own tokens a prompt may add beyond its bytes
+
 # deltas (Counters.take) -> the meter's windows (MeterState.sync's answer); raises on failure.
 SyncLink = Callable[[Any], Awaitable[dict[str, Any]]]
+
+
+def usage_cap(body: dict[str, Any], body_bytes: int) -> tuple[int, int]:
+    """The most (prompt, completion) tokens a request can have used, whatever its answer says. Pure.
+
+    An answer is data: within the seconds a job's shadow application holds a route (the daemon
+    removes it) it could answer a user's request with any ``usage``. A prompt is at most a token per
+    byte of the request plus a chat template's own (TEMPLATE_TOKENS); a completion at most the
+    request's ``max_tokens`` (or ``max_completion_tokens``, times ``n``), else MAX_TOKENS."""
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    n = body.get("n", 1)
+    choices = n if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 128 else 1
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0:
+        completion = min(limit * choices, MAX_TOKENS)
+    else:
+        completion = MAX_TOKENS
+    return min(body_bytes + TEMPLATE_TOKENS, MAX_TOKENS), completion
 
 
 class RateLimitExceeded(Exception):
@@ -122,24 +142,45 @@ class MeterClient:
         return [subject for subject, _, _ in subject_limits]
 
     def metered(
-        self, stream: AsyncIterator[Any], strip: bool, user: str, app: str, subjects: list[str]
+        self,
+        stream: AsyncIterator[Any],
+        strip: bool,
+        user: str,
+        app: str,
+        subjects: list[str],
+        cap: tuple[int, int] = (MAX_TOKENS, MAX_TOKENS),
     ) -> AsyncIterator[Any]:
         """``stream`` passed on while its request and tokens are counted: a usage row for ``user``
-        and ``app``, tokens also against ``subjects``."""
+        and ``app``, tokens also against ``subjects``; at most ``cap`` (prompt, completion) tokens in
+        all, whatever the stream reports (:func:`usage_cap`)."""
+        billed = [0, 0]
 
         def on_start() -> None:
             self.counters.record(time.time(), user, app, 1, 0, 0)
             self._traffic()
 
         def on_usage(prompt: int, completion: int) -> None:
+            prompt = max(min(prompt, cap[0] - billed[0]), 0)
+            completion = max(min(completion, cap[1] - billed[1]), 0)
+            billed[0] += prompt
+            billed[1] += completion
             self.counters.record(time.time(), user, app, 0, prompt, completion)
             self.counters.add_tokens(subjects, prompt + completion)
             self._traffic()
 
         return metered(stream, strip, on_start, on_usage)
 
-    def count(self, user: str, app: str, subjects: list[str], prompt: int, completion: int) -> None:
-        """Count one answered, non-streamed request of ``user`` to ``app`` and its tokens."""
+    def count(
+        self,
+        user: str,
+        app: str,
+        subjects: list[str],
+        prompt: int,
+        completion: int,
+        cap: tuple[int, int] = (MAX_TOKENS, MAX_TOKENS),
+    ) -> None:
+        """Count one answered, non-streamed request of ``user`` to ``app`` and its tokens (at most ``cap``)."""
+        prompt, completion = min(max(prompt, 0), cap[0]), min(max(completion, 0), cap[1])
         now = time.time()
         self.counters.record(now, user, app, 1, prompt, completion)
         if prompt or completion:

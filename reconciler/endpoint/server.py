@@ -33,7 +33,7 @@ import aiohttp
 from aiohttp import web
 
 from reconciler.endpoint.gate import Caller, Gate, Unauthorized, parse_gate
-from reconciler.endpoint.meter import MeterClient, RateLimitExceeded, SyncLink
+from reconciler.endpoint.meter import MeterClient, RateLimitExceeded, SyncLink, usage_cap
 from reconciler.serve_apps.limits import OPEN_USER
 from reconciler.serve_apps.usage import STREAMED_METHODS, _tokens
 
@@ -237,6 +237,7 @@ class Endpoint:
                 subjects = self.meter.admit(gate.limits, caller.user, caller.team)
             except RateLimitExceeded as exc:
                 return _error(429, exc.message, "RateLimitExceeded", {"Retry-After": str(exc.retry_after)})
+        cap = usage_cap(body, len(raw))
         strip = ask_for_usage(body, method)
         user = caller.user if caller is not None else OPEN_USER
         app = gate.app_of(model)
@@ -249,19 +250,22 @@ class Endpoint:
             return _unavailable(exc)
         try:
             if up.headers.get("Content-Type", "").startswith("text/event-stream"):
-                return await self._stream(request, up, strip, user, app, subjects)
+                return await self._stream(request, up, strip, user, app, subjects, cap)
             answer = await up.content.read(MAX_ANSWER_BYTES + 1)
             if len(answer) > MAX_ANSWER_BYTES:
                 return _error(502, "The model's answer is too large.", "BadGateway")
-            self._count_answer(answer, up.status, user, app, subjects)
+            self._count_answer(answer, up.status, user, app, subjects, cap)
             return web.Response(body=answer, status=up.status, headers=_answer_headers(up))
         except (aiohttp.ClientError, TimeoutError) as exc:
             return _unavailable(exc)
         finally:
             up.release()
 
-    def _count_answer(self, answer: bytes, status: int, user: str, app: str, subjects: list[str]) -> None:
-        """Count a non-streamed answer that reached a model: one request and its usage's tokens."""
+    def _count_answer(
+        self, answer: bytes, status: int, user: str, app: str, subjects: list[str], cap: tuple[int, int]
+    ) -> None:
+        """Count a non-streamed answer that reached a model: one request and its usage's tokens (at
+        most ``cap``: an answer is data)."""
         if not 200 <= status < 300:
             return  # refused or failed (Serve's 404, a bad request, an engine error): nothing served
         tokens = None
@@ -271,14 +275,21 @@ class Endpoint:
             except ValueError:
                 doc = None
             tokens = _tokens(doc.get("usage")) if isinstance(doc, dict) else None
-        self.meter.count(user, app, subjects, *(tokens or (0, 0)))
+        self.meter.count(user, app, subjects, *(tokens or (0, 0)), cap=cap)
 
     async def _stream(
-        self, request: web.Request, up: aiohttp.ClientResponse, strip: bool, user: str, app: str, subjects: list[str]
+        self,
+        request: web.Request,
+        up: aiohttp.ClientResponse,
+        strip: bool,
+        user: str,
+        app: str,
+        subjects: list[str],
+        cap: tuple[int, int],
     ) -> web.StreamResponse:
         out = web.StreamResponse(status=up.status, headers=_answer_headers(up))
         await out.prepare(request)
-        events = self.meter.metered(sse_events(up.content.iter_any()), strip, user, app, subjects)
+        events = self.meter.metered(sse_events(up.content.iter_any()), strip, user, app, subjects, cap)
         try:
             async for text in events:
                 await out.write(text.encode())

@@ -62,6 +62,7 @@ class Upstream:
 
     seen: list[tuple[str, dict[str, str], Any]] = field(default_factory=list)
     endpoint: Endpoint | None = None  # the endpoint in front of it (a test publishes new gates to it)
+    usage: dict[str, int] = field(default_factory=lambda: dict(USAGE))  # what its answers claim
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = json.loads(await request.read()) if request.method == "POST" else None
@@ -78,11 +79,11 @@ class Upstream:
                 chunk = {"choices": [{"index": 0, "delta": {"content": word}}], "model": body["model"]}
                 await out.write(f"data: {json.dumps(chunk)}\n\n".encode())
             if (body.get("stream_options") or {}).get("include_usage"):
-                await out.write(f"data: {json.dumps({'choices': [], 'usage': USAGE})}\n\n".encode())
+                await out.write(f"data: {json.dumps({'choices': [], 'usage': self.usage})}\n\n".encode())
             await out.write(b"data: [DONE]\n\n")
             await out.write_eof()
             return out
-        return web.json_response({"choices": [{"text": "Paris"}], "model": body["model"], "usage": USAGE})
+        return web.json_response({"choices": [{"text": "Paris"}], "model": body["model"], "usage": self.usage})
 
 
 @asynccontextmanager
@@ -437,3 +438,22 @@ def test_bad_listen_settings(listen: str) -> None:
 
     with pytest.raises(ValueError):
         parse_listen(listen, 8000)
+
+
+def test_an_answers_usage_is_billed_only_within_the_requests_own_bounds() -> None:
+    """A job's shadow app holding Serve's route for a few seconds could answer bob's requests with any
+    usage: at most a token per request byte (plus a template's) and max_tokens are billed."""
+
+    async def test() -> None:
+        async with serving(GATE) as (url, upstream, meter):
+            upstream.usage = {"prompt_tokens": 10**12, "completion_tokens": 10**12, "total_tokens": 2 * 10**12}
+            body = {"model": CHAT_ALIAS, "prompt": "x", "max_tokens": 8}
+            assert (await call(url, "/v1/completions", BOB_KEY, body))[0] == 200
+            asked = chat(CHAT_ALIAS, stream=True, max_tokens=4)
+            assert (await call(url, "/v1/chat/completions", BOB_KEY, asked))[0] == 200
+            await asyncio.sleep(0.7)
+            (row,) = meter.usage()["rows"]
+            assert row["requests"] == 2 and row["completion_tokens"] == 8 + 4
+            assert row["prompt_tokens"] <= 2 * (4096 + 200), row
+
+    run(test)
