@@ -180,9 +180,11 @@ class UsageRecorder:
         empty between pulls. Never raises for a router or a document problem (logged)."""
         cluster = desired.cluster
         now = self._clock()
+        # Every bound of the ledger counts from the daemon's clock, told before anything is read.
+        self.ledger.tell(now)
         if not self._loaded:
             try:
-                self.ledger.load(self._load())
+                self.ledger.load(self._load(), now)
             except Exception as exc:  # the branch unreadable now: start empty, documents merge later
                 log.warning("cannot read the usage documents back: %r", exc)
                 return {}
@@ -197,7 +199,7 @@ class UsageRecorder:
         samples = self._last_flush is None or now - self._last_flush >= self.flush_interval
         if samples:
             self._last_flush = now
-        docs = self.ledger.take_documents(samples)
+        docs = self.ledger.take_documents(samples, now)
         totals = bounded_totals(self.ledger.totals(), known_users(desired), known_models(desired), set(cluster.teams))
         with self._lock:
             self._totals = totals
