@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reconciler.observe.jobs import checkpoint_of
-from reconciler.observe.runs import preemptions, recorded_runs
+from reconciler.observe.runs import preemptions, recorded_runs, recorded_times
+from reconciler.observe.sightings import RunRecord
 from reconciler.plan.actual import ActualJob
 from reconciler.spec.types import ObjectKey, Paths
 from reconciler.status.persistent import PersistentMap
@@ -27,6 +28,7 @@ class _Reading:
     runs: list[ActualJob]  # read without checkpoints
     preempted: frozenset[str]
     preempted_by: dict[ObjectKey, ObjectKey]
+    times: dict[str, RunRecord] = field(default_factory=dict)  # the daemon's own times of each run
 
 
 @dataclass
@@ -42,6 +44,12 @@ class StatusRecords:
     _readings: dict[str, _Reading] = field(default_factory=dict)
     _docs: Mapping[str, Mapping[str, Any]] | None = None  # the documents of the last call
     _holding: set[str] = field(default_factory=set)  # paths whose reading has runs or preemptions
+    _times: dict[str, RunRecord] = field(default_factory=dict)  # of the last call, every run's
+
+    def times(self) -> dict[str, RunRecord]:
+        """The daemon's own times of every run on record as of the last :meth:`read` (runs Ray
+        still lists included), by submission id (:func:`~reconciler.observe.runs.recorded_times`)."""
+        return self._times
 
     def size(self) -> int:
         """How many documents' readings are kept."""
@@ -82,7 +90,9 @@ class StatusRecords:
             if reading is None or reading.doc is not doc:
                 one = {path: doc}
                 preempted, preempted_by = preemptions(one)
-                reading = readings[path] = _Reading(doc, recorded_runs(one, None), preempted, preempted_by)
+                reading = readings[path] = _Reading(
+                    doc, recorded_runs(one, None), preempted, preempted_by, recorded_times(one)
+                )
             if reading.runs or reading.preempted or reading.preempted_by:
                 holding.add(path)
             else:
@@ -90,8 +100,10 @@ class StatusRecords:
         runs: list[ActualJob] = []
         sids: set[str] = set()
         by: dict[ObjectKey, ObjectKey] = {}
+        times: dict[str, RunRecord] = {}
         for path in sorted(holding):
             reading = readings[path]
+            times.update(reading.times)
             for job in reading.runs:
                 if job.submission_id in skip:
                     continue
@@ -105,6 +117,7 @@ class StatusRecords:
                 runs.append(job)
             sids |= reading.preempted
             by.update(reading.preempted_by)
+        self._times = times
         return runs, frozenset(sids), by
 
 

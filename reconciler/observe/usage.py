@@ -112,7 +112,12 @@ def team_map(cluster: ClusterSpec) -> dict[str, str]:
 
 
 def jobs_of(actual: ActualState) -> list[Job]:
-    """The GPU-holding task runs of ``actual``, with their times in unix seconds."""
+    """The GPU-holding task runs of ``actual``, with their times in unix seconds.
+
+    The times are the job's as the observer left them: bounded by what the daemon saw of the run
+    (:mod:`reconciler.observe.sightings`). They are bounded here again by the run's life as argus
+    recorded it, where the job carries it: never before argus submitted it (``submitted_at``),
+    never past when argus first saw it ended (``seen_ended``)."""
     out = []
     for j in actual.jobs:
         gpus = float(j.resources.get(GPU, 0.0))
@@ -122,6 +127,12 @@ def jobs_of(actual: ActualState) -> list[Job]:
         # A job that ended has its end time; one still active is counted up to now. A finished
         # job without an end time (Ray lost it) counts nothing past its start.
         end = j.end_time / 1000.0 if j.end_time else (None if j.active else start)
+        if j.submitted_at is not None:
+            start = max(start, float(j.submitted_at))
+        if j.seen_ended is not None and not j.active:
+            end = min(end if end is not None else float(j.seen_ended), float(j.seen_ended))
+        if end is not None:
+            end = max(end, start)
         out.append(Job(j.submission_id, j.key.user, j.key.name, gpus, start, end))
     return out
 

@@ -379,13 +379,17 @@ class StatusWriter:
                 self.records += 1
                 self._recorded.update((key.path, self.records) for key, _sid, _hash in runs)
             docs: dict[str, Mapping[str, Any]] = {}
+            # When argus submitted the run, by its own clock: the earliest a run's GPU-seconds count
+            # from, whatever Ray's record (which job code can rewrite) says (reconciler/observe/sightings.py).
+            submitted = self.now()
             for key, sid, spec_hash in runs:
                 fresh = {"object": str(key), "kind": "Task", "state": "SUBMITTED"}
                 doc = dict(docs.get(key.path) or view.docs.get(key.path) or fresh)
                 old = doc.get("runs")
                 recorded = [r for r in (old if isinstance(old, list) else []) if isinstance(r, dict)]
                 recorded = [r for r in recorded if r.get("submission_id") != sid]
-                doc["runs"] = [*recorded, {"submission_id": sid, "spec_hash": spec_hash, "status": "SUBMITTED"}]
+                entry = {"submission_id": sid, "spec_hash": spec_hash, "status": "SUBMITTED", "submitted_at": submitted}
+                doc["runs"] = [*recorded, entry]
                 docs[key.path] = doc
             docs = {path: self._safe(dict(unsafe)) for path, unsafe in docs.items()}
             changed = {path: dump(doc) for path, doc in docs.items()}
