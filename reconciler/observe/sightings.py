@@ -44,9 +44,11 @@ from reconciler.plan.actual import ActualJob
 
 log = logging.getLogger("argus")
 
-# Clocks differ (Ray's head and the daemon's host) and a sighting is taken around a request: a
-# time within this of its bound agrees. Billing is clamped to the bounds all the same.
-CLOCK_SLACK_S = 30.0
+# A sighting is taken around a request, and Ray's head stamps its times by its own clock (the
+# daemon runs beside it: the same host's, or one NTP keeps within milliseconds): a time within this
+# of its bound agrees. Billing is clamped to the bounds all the same; the slack only decides what
+# is reported and whether a final status is believed.
+CLOCK_SLACK_S = 5.0
 # Ray's own message quoted in a disagreement note at most this long (job code writes it).
 MAX_QUOTED = 200
 # Final statuses Ray reports (PREEMPTED and LOST are argus's own, never Ray's).
