@@ -114,7 +114,7 @@ class Observer:
         known = {j.submission_id for j in jobs.owned}
         records, preempted, by = self._records.read(docs, paths, skip=known, checkpoints=self._checkpoints)
         # Ray's records of argus's runs, believed only within what the daemon saw of them.
-        owned = self._sightings.see(jobs.owned, self._records.times(), answered, asked)
+        owned = self._sightings.see(jobs.owned, self._records.times(known), answered, asked)
         runs = known | {j.submission_id for j in records}
         self._checkpoints = {s: c for s, c in self._checkpoints.items() if s in runs}
         disk = self._disk_usage(paths, disk_users)

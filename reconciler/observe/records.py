@@ -10,7 +10,7 @@ for runs Ray no longer lists, through the caller's memo.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -18,6 +18,7 @@ from reconciler.observe.jobs import checkpoint_of
 from reconciler.observe.runs import preemptions, recorded_runs, recorded_times
 from reconciler.observe.sightings import RunRecord
 from reconciler.plan.actual import ActualJob
+from reconciler.spec.hashing import parse_submission_id
 from reconciler.spec.types import ObjectKey, Paths
 from reconciler.status.persistent import PersistentMap
 
@@ -44,12 +45,20 @@ class StatusRecords:
     _readings: dict[str, _Reading] = field(default_factory=dict)
     _docs: Mapping[str, Mapping[str, Any]] | None = None  # the documents of the last call
     _holding: set[str] = field(default_factory=set)  # paths whose reading has runs or preemptions
-    _times: dict[str, RunRecord] = field(default_factory=dict)  # of the last call, every run's
 
-    def times(self) -> dict[str, RunRecord]:
-        """The daemon's own times of every run on record as of the last :meth:`read` (runs Ray
-        still lists included), by submission id (:func:`~reconciler.observe.runs.recorded_times`)."""
-        return self._times
+    def times(self, sids: Iterable[str]) -> dict[str, RunRecord]:
+        """The daemon's own times of the runs ``sids`` (those Ray lists) as recorded in the
+        documents of the last :meth:`read`, by submission id (runs without any are left out;
+        :func:`~reconciler.observe.runs.recorded_times`). O(``sids``): each is looked up in the
+        reading of its own task's document."""
+        out: dict[str, RunRecord] = {}
+        for sid in sids:
+            parsed = parse_submission_id(sid)
+            reading = self._readings.get(ObjectKey(parsed[0], "task", parsed[1]).path) if parsed else None
+            found = reading.times.get(sid) if reading is not None else None
+            if found is not None:
+                out[sid] = found
+        return out
 
     def size(self) -> int:
         """How many documents' readings are kept."""
@@ -100,10 +109,8 @@ class StatusRecords:
         runs: list[ActualJob] = []
         sids: set[str] = set()
         by: dict[ObjectKey, ObjectKey] = {}
-        times: dict[str, RunRecord] = {}
         for path in sorted(holding):
             reading = readings[path]
-            times.update(reading.times)
             for job in reading.runs:
                 if job.submission_id in skip:
                     continue
@@ -117,7 +124,6 @@ class StatusRecords:
                 runs.append(job)
             sids |= reading.preempted
             by.update(reading.preempted_by)
-        self._times = times
         return runs, frozenset(sids), by
 
 
