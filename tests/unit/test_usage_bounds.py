@@ -1,16 +1,17 @@
 """Usage rows bounded, written as the attacker would (reconciler/status/usage.py,
-reconciler/serve_apps/limits.py, reconciler/observe/usage.py): the meter takes writes from any
-job that reaches its deployment handle, and its answer is read by the daemon. No negative count
-anywhere (meter, merge, documents read back); no hour outside ``[now - 48 h, now + 1 h]`` into
+reconciler/serve_apps/limits.py, reconciler/observe/usage.py, reconciler/status/writer.py): the
+meter takes writes from any job that reaches its deployment handle, and its answer is read by the
+daemon. No negative count anywhere (meter, merge, documents read back); no hour outside ``[now - 48 h, now + 1 h]`` into
 the meter or from its answer, "now" being the daemon's clock and never the answer's; no date in
 the future ages today out; one status commit carries at most ``MAX_DOCUMENTS_PER_COMMIT`` usage
-documents. The honest rows are checked beside each attack. Pure, with fakes."""
+documents. The honest rows are checked beside each attack. Pure, with fakes (the writer's test: real git)."""
 
 from __future__ import annotations
 
 import calendar
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,9 +19,13 @@ import pytest
 from reconciler.observe.usage import UsageRecorder
 from reconciler.plan.actual import ActualState
 from reconciler.serve_apps.limits import KEEP_HOURS, Counters, MeterState
+from reconciler.source.remote import open_source
 from reconciler.spec.types import ClusterSpec, DesiredState, ObjectKey, UserPolicy
 from reconciler.status import usage
+from reconciler.status.auth import status_key
 from reconciler.status.usage import Day, Ledger, document
+from reconciler.status.writer import StatusReport, StatusWriter
+from tests.support import git, status_test_repo
 
 T = float(calendar.timegm((2026, 12, 5, 3, 30, 0)))  # 2026-12-05T03:30:00Z, the daemon's clock
 HOUR = math.floor(T / 3600)
@@ -237,3 +242,19 @@ def test_a_replicas_counters_take_no_negative_count() -> None:
     # A meter answer with a negative window (it would give bob room past his limit) is not adopted.
     counters.settle({"w": {"u:bob": [0, -50, -50, 0, 0], "u:alice": [1, 2, 3, 4, 5], "u:x": "junk"}})
     assert counters.windows == {"u:alice": [1, 2, 3, 4, 5]}
+
+
+# -- the status writer: one commit, a bounded number of usage documents ----------------------------
+
+
+def test_one_status_commit_never_carries_more_than_the_bound(tmp_path: Path) -> None:
+    """Whatever a caller hands the writer (the ledger hands at most the bound), one commit carries at
+    most MAX_DOCUMENTS_PER_COMMIT usage documents, the newest dates first."""
+    bare = status_test_repo(tmp_path)[0]
+    writer = StatusWriter(open_source(str(bare), str(tmp_path / "cache")), auth_key=status_key(b"k" * 32))
+    dates = [usage.date_of(T - back * 86400) for back in range(12)]
+    handed = {f"usage/{d}.json": document(d, Day()) for d in dates}
+    commit = writer.write(StatusReport(None, {}, set(), set(), None, [], usage=handed))
+    assert commit is not None
+    files = git(bare, "ls-tree", "-r", "--name-only", commit, "usage/").split()
+    assert len(files) == usage.MAX_DOCUMENTS_PER_COMMIT and f"usage/{dates[0]}.json" in files
