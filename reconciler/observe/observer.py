@@ -3,8 +3,10 @@
 :class:`Observer` owns what observing remembers between ticks, each bounded by what exists now:
 the model prober (its verdicts, one per model Serve runs), checkpoint answers (one per run Ray or
 the status branch lists), the foreign jobs already logged (those Ray still holds), the status
-documents' readings (one per document), the last capacity answer (one) and the disk meter's last
-measurement of each user folder it is asked to measure (:mod:`reconciler.observe.disk`).
+documents' readings (one per document), the last capacity answer (one), the daemon's sightings of
+each run Ray lists (one per run: what bounds Ray's job records, :mod:`reconciler.observe.sightings`)
+and the disk meter's last measurement of each user folder it is asked to measure
+(:mod:`reconciler.observe.disk`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from reconciler.observe.jobs import ForeignJob, observe_job_records
 from reconciler.observe.probe import ModelProber, post_json
 from reconciler.observe.records import StatusRecords
 from reconciler.observe.serve import ServeObservation, observe_serve
+from reconciler.observe.sightings import RunSightings
 from reconciler.plan.actual import ActualJob, ActualModel, Capacity
 from reconciler.plan.disk import DiskUsage
 from reconciler.spec.types import ObjectKey, Paths
@@ -71,6 +74,8 @@ class Observer:
         self._checkpoints: dict[str, str | None] = {}
         self._foreign_logged: set[str] = set()
         self._records = StatusRecords()
+        self._sightings = RunSightings()
+        self.clock = time.time  # the daemon's clock its sightings of runs are taken by
         self._capacity: tuple[float, Capacity] | None = None
         self._disk: DiskMeter | None = None  # started when a disk quota first applies
 
@@ -94,7 +99,9 @@ class Observer:
         serve = observe_serve(self.dash)
         prober = self._model_prober(http_port) if http_port is not None else None
         models = prober.check(serve.models, serve.apps, serve.replica_ids) if prober else dict(serve.models)
+        asked = self.clock()
         jobs = observe_job_records(self.dash, self.ownership_key, paths, self._checkpoints)
+        answered = self.clock()
         capacity = self._observe_capacity()
         for job in jobs.foreign:
             if job.submission_id not in self._foreign_logged:  # reported once; the status note stays
@@ -104,10 +111,12 @@ class Observer:
         self._foreign_logged = {j.submission_id for j in jobs.foreign}
         known = {j.submission_id for j in jobs.owned}
         records, preempted, by = self._records.read(docs, paths, skip=known, checkpoints=self._checkpoints)
+        # Ray's records of argus's runs, believed only within what the daemon saw of them.
+        owned = self._sightings.see(jobs.owned, self._records.times(known), answered, asked)
         runs = known | {j.submission_id for j in records}
         self._checkpoints = {s: c for s, c in self._checkpoints.items() if s in runs}
         disk = self._disk_usage(paths, disk_users)
-        return Observation(serve, models, jobs.owned, capacity, records, preempted, by, jobs.foreign, docs, disk)
+        return Observation(serve, models, owned, capacity, records, preempted, by, jobs.foreign, docs, disk)
 
     def _disk_usage(self, paths: Paths | None, users: Collection[str]) -> dict[str, DiskUsage]:
         """Ask the meter for ``users``' folders (none: it stops measuring); their last measurements."""
@@ -151,6 +160,7 @@ class Observer:
             "checkpoints": len(self._checkpoints),
             "foreign_logged": len(self._foreign_logged),
             "records": self._records.size(),
+            "sightings": self._sightings.size(),
             "verdicts": self._prober.size() if self._prober is not None else 0,
         }
 

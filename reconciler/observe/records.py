@@ -10,13 +10,15 @@ for runs Ray no longer lists, through the caller's memo.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reconciler.observe.jobs import checkpoint_of
-from reconciler.observe.runs import preemptions, recorded_runs
+from reconciler.observe.runs import preemptions, recorded_runs, recorded_times
+from reconciler.observe.sightings import RunRecord
 from reconciler.plan.actual import ActualJob
+from reconciler.spec.hashing import parse_submission_id
 from reconciler.spec.types import ObjectKey, Paths
 from reconciler.status.persistent import PersistentMap
 
@@ -27,6 +29,7 @@ class _Reading:
     runs: list[ActualJob]  # read without checkpoints
     preempted: frozenset[str]
     preempted_by: dict[ObjectKey, ObjectKey]
+    times: dict[str, RunRecord] = field(default_factory=dict)  # the daemon's own times of each run
 
 
 @dataclass
@@ -42,6 +45,20 @@ class StatusRecords:
     _readings: dict[str, _Reading] = field(default_factory=dict)
     _docs: Mapping[str, Mapping[str, Any]] | None = None  # the documents of the last call
     _holding: set[str] = field(default_factory=set)  # paths whose reading has runs or preemptions
+
+    def times(self, sids: Iterable[str]) -> dict[str, RunRecord]:
+        """The daemon's own times of the runs ``sids`` (those Ray lists) as recorded in the
+        documents of the last :meth:`read`, by submission id (runs without any are left out;
+        :func:`~reconciler.observe.runs.recorded_times`). O(``sids``): each is looked up in the
+        reading of its own task's document."""
+        out: dict[str, RunRecord] = {}
+        for sid in sids:
+            parsed = parse_submission_id(sid)
+            reading = self._readings.get(ObjectKey(parsed[0], "task", parsed[1]).path) if parsed else None
+            found = reading.times.get(sid) if reading is not None else None
+            if found is not None:
+                out[sid] = found
+        return out
 
     def size(self) -> int:
         """How many documents' readings are kept."""
@@ -82,7 +99,9 @@ class StatusRecords:
             if reading is None or reading.doc is not doc:
                 one = {path: doc}
                 preempted, preempted_by = preemptions(one)
-                reading = readings[path] = _Reading(doc, recorded_runs(one, None), preempted, preempted_by)
+                reading = readings[path] = _Reading(
+                    doc, recorded_runs(one, None), preempted, preempted_by, recorded_times(one)
+                )
             if reading.runs or reading.preempted or reading.preempted_by:
                 holding.add(path)
             else:

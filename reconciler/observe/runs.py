@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from reconciler.observe.jobs import checkpoint_of
+from reconciler.observe.sightings import RunRecord, parse_time
 from reconciler.plan.actual import PREEMPTED, ActualJob
 from reconciler.spec.hashing import parse_submission_id
 from reconciler.spec.types import ObjectKey, Paths
@@ -97,3 +98,34 @@ def preemptions(docs: Mapping[str, Mapping[str, Any]]) -> tuple[frozenset[str], 
             except ValueError:
                 continue
     return frozenset(sids), by
+
+
+def recorded_times(docs: Mapping[str, Mapping[str, Any]]) -> dict[str, RunRecord]:
+    """What the task documents ``docs`` recorded of each run's life by the daemon's own clock
+    (submitted, first seen running, first seen ended) and its final status, by submission id:
+    what a restarted daemon bounds Ray's job records with (:mod:`reconciler.observe.sightings`).
+    Entries that are not the document's own task's runs, or carry none of these times, are left out."""
+    out: dict[str, RunRecord] = {}
+    for path, doc in docs.items():
+        parts = path.split("/")
+        if len(parts) != 4 or parts[0] != "users" or parts[2] != "tasks" or not parts[3].endswith(".yaml"):
+            continue
+        user, task = parts[1], parts[3].removesuffix(".yaml")
+        runs = doc.get("runs") if isinstance(doc, Mapping) else None
+        for run in runs if isinstance(runs, list) else []:
+            sid = run.get("submission_id") if isinstance(run, Mapping) else None
+            parsed = parse_submission_id(sid) if isinstance(sid, str) else None
+            if parsed is None or parsed[:2] != (user, task):
+                continue
+            submitted, running, ended = (parse_time(run.get(f)) for f in ("submitted_at", "seen_running", "seen_ended"))
+            if submitted is None and running is None and ended is None:
+                continue
+            status = run.get("status")
+            out[str(sid)] = RunRecord(
+                submitted,
+                running,
+                ended,
+                status=status if isinstance(status, str) else None,
+                end_time=parse_time(run.get("end_time")),
+            )
+    return out

@@ -85,7 +85,12 @@ def team_map(cluster: ClusterSpec) -> dict[str, str]:
 
 
 def jobs_of(actual: ActualState) -> list[Job]:
-    """The GPU-holding task runs of ``actual``, with their times in unix seconds."""
+    """The GPU-holding task runs of ``actual``, with their times in unix seconds.
+
+    The times are the job's as the observer left them: bounded by what the daemon saw of the run
+    (:mod:`reconciler.observe.sightings`). They are bounded here again by the run's life as argus
+    recorded it, where the job carries it: never before argus submitted it (``submitted_at``),
+    never past when argus first saw it ended (``seen_ended``)."""
     out = []
     for j in actual.jobs:
         gpus = float(j.resources.get(GPU, 0.0))
@@ -95,6 +100,12 @@ def jobs_of(actual: ActualState) -> list[Job]:
         # A job that ended has its end time; one still active is counted up to now. A finished
         # job without an end time (Ray lost it) counts nothing past its start.
         end = j.end_time / 1000.0 if j.end_time else (None if j.active else start)
+        if j.submitted_at is not None:
+            start = max(start, float(j.submitted_at))
+        if j.seen_ended is not None and not j.active:
+            end = min(end if end is not None else float(j.seen_ended), float(j.seen_ended))
+        if end is not None:
+            end = max(end, start)
         out.append(Job(j.submission_id, j.key.user, j.key.name, gpus, start, end))
     return out
 
@@ -149,9 +160,11 @@ class UsageRecorder:
         empty between pulls. Never raises for a meter or a document problem (logged)."""
         cluster = desired.cluster
         now = self._clock()
+        # Every bound of the ledger counts from the daemon's clock, told before anything is read.
+        self.ledger.tell(now)
         if not self._loaded:
             try:
-                self.ledger.load(self._load())
+                self.ledger.load(self._load(), now)
             except Exception as exc:  # the branch unreadable now: start empty, documents merge later
                 log.warning("cannot read the usage documents back: %r", exc)
                 return {}
@@ -166,7 +179,7 @@ class UsageRecorder:
         samples = self._last_flush is None or now - self._last_flush >= self.flush_interval
         if samples:
             self._last_flush = now
-        docs = self.ledger.take_documents(samples)
+        docs = self.ledger.take_documents(samples, now)
         totals = bounded_totals(self.ledger.totals(), known_users(desired), known_models(desired), set(cluster.teams))
         with self._lock:
             self._totals = totals

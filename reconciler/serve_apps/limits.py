@@ -42,6 +42,10 @@ MAX_SUBJECTS = 100_000  # users and teams the meter counts at once; new ones pas
 MAX_ROWS = 100_000  # usage rows (hour, user, app) kept; the newest hours win
 KEEP_HOURS = 48  # usage rows of older hours are dropped
 MAX_LIMIT_ENTRIES = 100_000  # per-user or per-team limit entries read from user_config
+FUTURE_HOURS = 1  # usage rows of hours after the meter's current one are refused past this (clock skew)
+# A count no row or window holds more of: a delta, or a sum, above it is not a real one.
+MAX_COUNT = 10**15
+MAX_NAME = 256  # the longest subject, user or application name a delta may carry
 OPEN_USER = "(open)"  # usage rows of requests without a key (no keys file)
 DAEMON_USER = "(daemon)"  # usage rows of the daemon's own probes
 
@@ -122,6 +126,29 @@ def parse_limits(config: Any) -> tuple[Limits | None, list[str]]:
         if len(rows) > MAX_LIMIT_ENTRIES:
             problems.append(f"limits.{part}: only the first {MAX_LIMIT_ENTRIES} entries are read")
     return Limits(default, parts["users"], parts["teams"]), problems
+
+
+def count(value: Any) -> int | None:
+    """``value`` when it is a count (an int, not a bool, in ``[0, MAX_COUNT]``), else None. Pure."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        return None
+    return value
+
+
+def _name(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_NAME
+
+
+def _window(value: Any) -> list[int] | None:
+    """A meter window ``[minute, requests prev, requests cur, tokens prev, tokens cur]`` with no
+    negative count, else None (the replica then counts the subject from its own counts alone)."""
+    if not isinstance(value, list) or len(value) != 5:
+        return None
+    minute = value[0]
+    counts = [count(v) for v in value[1:]]
+    if isinstance(minute, bool) or not isinstance(minute, int) or any(c is None for c in counts):
+        return None
+    return [minute, *(int(c or 0) for c in counts)]
 
 
 # -- the sliding window ----------------------------------------------------------------------------
@@ -220,7 +247,9 @@ class Counters:
                 self.pending.setdefault(subject, [0, 0])[1] += tokens
 
     def record(self, now: float, user: str, app: str, requests: int, prompt: int, completion: int) -> None:
-        """Add a usage row's counts (hour of ``now``, ``user``, ``app``)."""
+        """Add a usage row's counts (hour of ``now``, ``user``, ``app``). A count that is not one
+        (negative, not an int: a model's ``usage`` field says what it likes) adds nothing."""
+        requests, prompt, completion = (count(v) or 0 for v in (requests, prompt, completion))
         key = (math.floor(now / 3600), user, app)
         row = self.usage.get(key)
         if row is None:
@@ -248,8 +277,9 @@ class Counters:
         """End the sync :meth:`take` began: with the meter's ``answer`` its windows replace ours
         (they include what was sent); without one (the sync failed) what was sent is pending again."""
         if answer is not None:
-            windows = answer.get("w")
-            self.windows = windows if isinstance(windows, dict) else {}
+            windows = answer.get("w") if isinstance(answer, dict) else None
+            checked = ((k, _window(w)) for k, w in (windows.items() if isinstance(windows, dict) else ()))
+            self.windows = {k: w for k, w in checked if isinstance(k, str) and w is not None}
         else:
             for subject, (r, t) in self.sent.items():
                 counts = self.pending.setdefault(subject, [0, 0])
@@ -258,6 +288,20 @@ class Counters:
             for (h, u, a), (r, p, c) in self.sent_usage.items():
                 self.record(h * 3600.0, u, a, r, p, c)
         self.sent, self.sent_usage = {}, {}
+
+
+def _row_delta(entry: Any, oldest: int, newest: int) -> tuple[int, str, str, int, int, int] | None:
+    """A usage row delta ``[hour index, user, app, requests, prompt, completion]`` of an hour in
+    ``[oldest, newest]`` with names and counts that are ones, else None. Pure."""
+    if not isinstance(entry, (list, tuple)) or len(entry) != 6:
+        return None
+    hour, user, app = entry[0], entry[1], entry[2]
+    counts = [count(v) for v in entry[3:]]
+    if isinstance(hour, bool) or not isinstance(hour, int) or not oldest <= hour <= newest:
+        return None
+    if not _name(user) or not _name(app) or any(c is None for c in counts):
+        return None
+    return hour, user, app, int(counts[0] or 0), int(counts[1] or 0), int(counts[2] or 0)
 
 
 class MeterState:
@@ -275,18 +319,29 @@ class MeterState:
         self.windows: dict[str, list[int]] = {}
         self.rows: dict[tuple[int, str, str], list[int]] = {}
         self.refused_subjects = 0
+        self.refused_deltas = 0  # deltas not counted: malformed, negative, out of the hours kept
         self._pruned_minute = minute_of(now)[0]
 
     def sync(self, deltas: Any, now: float) -> dict[str, Any]:
         """Add a replica's deltas (:meth:`Counters.take`) and return the windows of every subject
-        counted in this minute or the last: ``{"epoch", "w": {subject: window}}``."""
+        counted in this minute or the last: ``{"epoch", "w": {subject: window}}``.
+
+        Every delta is checked (its caller may be any code that reaches the meter): a malformed
+        one, a negative or oversized count, a row of an hour before the last KEEP_HOURS or more
+        than FUTURE_HOURS after ``now``'s, or one that would take a count past MAX_COUNT is
+        skipped and counted in ``refused_deltas``. Never raises for what ``deltas`` holds."""
         minute = minute_of(now)[0]
         if minute != self._pruned_minute:
             self._pruned_minute = minute
             self.windows = {s: w for s, w in self.windows.items() if w[0] >= minute - 1}
             self._prune_rows(now)
         subjects = deltas.get("s", {}) if isinstance(deltas, dict) else {}
-        for subject, (requests, tokens) in subjects.items():
+        for subject, delta in subjects.items() if isinstance(subjects, dict) else ():
+            pair = delta if isinstance(delta, (list, tuple)) and len(delta) == 2 else (None, None)
+            requests, tokens = count(pair[0]), count(pair[1])
+            if not _name(subject) or requests is None or tokens is None:
+                self.refused_deltas += 1
+                continue
             window = self.windows.get(subject)
             if window is None:
                 if len(self.windows) >= MAX_SUBJECTS:
@@ -295,14 +350,21 @@ class MeterState:
                 window = self.windows[subject] = [minute, 0, 0, 0, 0]
             if window[0] != minute:
                 window[:] = [minute, *shifted(window, minute)]
-            window[2] += int(requests)
-            window[4] += int(tokens)
-        rows = deltas.get("u", []) if isinstance(deltas, dict) else []
-        oldest = math.floor(now / 3600) - KEEP_HOURS + 1
-        for hour, user, app, requests, prompt, completion in rows:
-            if hour < oldest:
+            if window[2] + requests > MAX_COUNT or window[4] + tokens > MAX_COUNT:
+                self.refused_deltas += 1
                 continue
-            key = (int(hour), str(user), str(app))
+            window[2] += requests
+            window[4] += tokens
+        rows = deltas.get("u", []) if isinstance(deltas, dict) else []
+        current = math.floor(now / 3600)
+        oldest = current - KEEP_HOURS + 1
+        for entry in rows if isinstance(rows, list) else ():
+            delta = _row_delta(entry, oldest, current + FUTURE_HOURS)
+            if delta is None:
+                self.refused_deltas += 1
+                continue
+            hour, user, app, requests, prompt, completion = delta
+            key = (hour, user, app)
             row = self.rows.get(key)
             if row is None:
                 if len(self.rows) >= MAX_ROWS:
@@ -310,9 +372,12 @@ class MeterState:
                     if len(self.rows) >= MAX_ROWS:
                         continue
                 row = self.rows[key] = [0, 0, 0]
-            row[0] += int(requests)
-            row[1] += int(prompt)
-            row[2] += int(completion)
+            if max(row[0] + requests, row[1] + prompt, row[2] + completion) > MAX_COUNT:
+                self.refused_deltas += 1
+                continue
+            row[0] += requests
+            row[1] += prompt
+            row[2] += completion
         active = {s: list(w) for s, w in self.windows.items() if w[0] >= minute - 1}
         return {"epoch": self.epoch, "w": active}
 

@@ -116,6 +116,7 @@ def object_document(
                     checkpoints,
                     redact,
                 )
+                | _seen(j)
                 | _steps(j)
                 | {"spec_hash": j.spec_hash},
                 before.get(j.submission_id),
@@ -153,6 +154,17 @@ def _run(
     return run
 
 
+def _seen(job: ActualJob) -> dict[str, str]:
+    """What the daemon itself saw of a run (:data:`SEEN_FIELDS`, its own clock; transition times:
+    each is set once), which bounds what Ray's record is believed about it."""
+    out: dict[str, str] = {}
+    for name in SEEN_FIELDS:
+        value = getattr(job, name)
+        if value is not None:
+            out[name] = _iso(value)
+    return out
+
+
 def _steps(job: ActualJob) -> dict[str, int]:
     """A run's checkpoint steps: the newest one while it runs (kept once it ends) and, for a resumed
     attempt, the one it resumed from."""
@@ -168,7 +180,7 @@ def _keep(run: dict[str, Any], recorded: Mapping[str, Any] | None) -> dict[str, 
     """``run`` with what ``recorded`` (the same run's previous entry) knew and ``run`` does not."""
     if not recorded:
         return run
-    for field in ("start_time", "end_time", "message", "checkpoint", "log_tail", *_STEP_FIELDS):
+    for field in ("start_time", "end_time", *SEEN_FIELDS, "message", "checkpoint", "log_tail", *_STEP_FIELDS):
         if run.get(field) in (None, "") and recorded.get(field) not in (None, ""):
             run[field] = recorded[field]
     ordered = {k: run[k] for k in _RUN_ORDER if k in run}  # recorded fields in their usual place
@@ -177,11 +189,14 @@ def _keep(run: dict[str, Any], recorded: Mapping[str, Any] | None) -> dict[str, 
 
 
 _STEP_FIELDS = ("resumed_from_step", "checkpoint_step")
+# A run record's times of the daemon's own (reconciler/observe/sightings.py reads them back).
+SEEN_FIELDS = ("submitted_at", "seen_running", "seen_ended")
 _RUN_ORDER = [
     "submission_id",
     "status",
     "start_time",
     "end_time",
+    *SEEN_FIELDS,
     "message",
     "checkpoint",
     *_STEP_FIELDS,

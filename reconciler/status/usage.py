@@ -18,11 +18,16 @@ A document is rebuilt only for the dates that changed: O(changed). Changes diffe
 GPU samples, which grow on every sample while it runs, at most every few minutes; the daemon's
 own probes (they change on every tick) only along with another change, so an idle cluster
 makes no commit. Everything read
-from a document or from the router is checked and bounded: a malformed row is dropped.
+from a document or from the router is checked and bounded: a malformed row is dropped, no count is
+negative, no hour is accepted outside ``[now - 48 h, now + 1 h]`` (:data:`ANSWER_PAST_HOURS`,
+:data:`FUTURE_S`), "now" is the daemon's clock (never a time an answer or a job record names), and
+one commit carries at most :data:`MAX_DOCUMENTS_PER_COMMIT` documents.
 """
 
 from __future__ import annotations
 
+import datetime
+import functools
 import math
 import re
 import time
@@ -38,9 +43,18 @@ VERSION = 1
 # stays far below it; past it the smallest rows of the oldest hours are dropped (counted in
 # ``dropped``), so a hostile flood of (user, model) pairs cannot grow a document without bound.
 MAX_ROWS = 20_000
-# Days the ledger keeps row by row (what a router answer or a job can still change: the meter
-# reports 48 hours); older days are kept as totals only.
+# Days the ledger keeps row by row, counted back from the daemon's clock's date (today and the two
+# before it: what a router answer or a job can still change, the meter reports 48 hours); older
+# days are kept as totals only. A date after the clock's (a forged row's) never counts here.
 LIVE_DAYS = 3
+# The hours a router answer may speak of, counted from the daemon's clock: the meter keeps 48
+# hours, and a meter clock ahead of ours by up to FUTURE_S is tolerated (an hour not begun yet by
+# more than that is not usage).
+ANSWER_PAST_HOURS = 48
+FUTURE_S = 3600.0
+# Usage documents one status commit carries at most: the live window holds about LIVE_DAYS + 1
+# dates, so this is never reached but by a bug or a flood; the rest wait for the next commit.
+MAX_DOCUMENTS_PER_COMMIT = 8
 MAX_ANSWER_ROWS = 100_000  # the most rows the router's meter answers with (48 hours of them)
 OPEN_USER = "(open)"  # requests without a key (an endpoint without a keys file)
 DAEMON_USER = "(daemon)"  # the daemon's own probes
@@ -64,6 +78,31 @@ def is_usage_path(path: str) -> bool:
 def hour_of(ts: float) -> str:
     """The UTC hour of unix time ``ts``: ``YYYY-MM-DDTHH``."""
     return time.strftime("%Y-%m-%dT%H", time.gmtime(ts))
+
+
+@functools.lru_cache(maxsize=4096)
+def hour_start(hour: str) -> float | None:
+    """The unix time at which the UTC hour ``YYYY-MM-DDTHH`` begins, or None when it is not one
+    (a month 13 or an hour 24 included). Cached: an answer names few distinct hours."""
+    m = _HOUR.match(hour)
+    if m is None:
+        return None
+    try:
+        y, mo, d = (int(part) for part in m.group(1).split("-"))
+        return datetime.datetime(y, mo, d, int(m.group(2)), tzinfo=datetime.UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def date_of(ts: float) -> str:
+    """The UTC date of unix time ``ts``: ``YYYY-MM-DD``."""
+    return time.strftime("%Y-%m-%d", time.gmtime(ts))
+
+
+def live_since(now: float) -> float:
+    """The unix time at which the oldest date the ledger holds row by row at ``now`` begins: the
+    start of the UTC day ``LIVE_DAYS - 1`` days before ``now``'s."""
+    return (math.floor(now / 86400) - (LIVE_DAYS - 1)) * 86400.0
 
 
 def split_hours(start: float, end: float) -> dict[str, float]:
@@ -261,10 +300,15 @@ def _is_model_object(text: str) -> bool:
 
 @dataclass
 class Ledger:
-    """The daemon's usage rows: the last :data:`LIVE_DAYS` dates row by row, older ones as
-    totals. The dates whose document differs from the one last written: ``dirty`` (a user's
-    tokens, a task's run: write it soon), ``sampled`` (model GPU samples only: write it now and
-    then) and ``passive`` (the daemon's probes only: write it with the next other change)."""
+    """The daemon's usage rows: the dates of the last :data:`LIVE_DAYS` days by the daemon's clock
+    row by row, older ones as totals. The dates whose document differs from the one last written:
+    ``dirty`` (a user's tokens, a task's run: write it soon), ``sampled`` (model GPU samples only:
+    write it now and then) and ``passive`` (the daemon's probes only: write it with the next other
+    change).
+
+    ``clock``: the daemon's time as last told (by :meth:`tell` or any method given ``now``; 0: never,
+    then the system clock is read). Every bound in time is counted from it, never from a time an
+    answer, a document or a job record names."""
 
     days: dict[str, Day] = field(default_factory=dict)
     old: Totals = field(default_factory=Totals)  # the totals of the days no longer held row by row
@@ -273,28 +317,49 @@ class Ledger:
     passive: set[str] = field(default_factory=set)
     last_sample: float | None = None  # when the models were last sampled (None: not since start)
     folded: str = ""  # the newest date kept as totals only: its document is never written again
+    clock: float = field(default=0.0, init=False)
 
-    def load(self, documents: Mapping[str, Any]) -> None:
+    def tell(self, now: float) -> None:
+        """Set the daemon's clock the ledger's bounds are counted from (:attr:`clock`)."""
+        self.clock = now
+
+    def _now(self, now: float | None) -> float:
+        """``now`` (remembered as :attr:`clock`), else the clock last told, else the system's."""
+        if now is not None:
+            self.clock = now
+            return now
+        return self.clock or time.time()
+
+    def load(self, documents: Mapping[str, Any], now: float | None = None) -> None:
         """Adopt the usage documents of the status branch (path -> parsed JSON), replacing
-        what the ledger holds: a daemon restart continues from them."""
+        what the ledger holds: a daemon restart continues from them. A document dated after the
+        clock's date (+ :data:`FUTURE_S`) is not read: no forged or mistaken future date can hold
+        a day's place or age today out."""
+        clock = self._now(now)
+        latest = date_of(clock + FUTURE_S)
         self.days, self.old, self.folded = {}, Totals(), ""
         self.dirty, self.sampled, self.passive = set(), set(), set()
         for path, value in sorted(documents.items()):
             parsed = parse_document(value)
-            if parsed is None or path != f"{USAGE_DIR}{parsed[0]}.json":
+            if parsed is None or path != f"{USAGE_DIR}{parsed[0]}.json" or parsed[0] > latest:
                 continue
             self.days[parsed[0]] = parsed[1]
-        self._age()
+        self._age(clock)
 
-    def merge_tokens(self, answer: object) -> int:
+    def merge_tokens(self, answer: object, now: float | None = None) -> int:
         """Merge one answer of the router's ``GET /argus/usage``: per (epoch, hour, user, model)
-        the latest cumulative value wins. Returns how many rows changed; malformed rows and
-        rows of applications that are not an argus model are ignored."""
+        the latest cumulative value wins. Returns how many rows changed; malformed rows, negative
+        counts, hours outside ``[now - ANSWER_PAST_HOURS, now + FUTURE_S]`` (``now``: the
+        ledger's clock when not given, never the answer's own) and rows of applications that
+        are not an argus model are ignored."""
         if not isinstance(answer, Mapping):
             return 0
+        clock = self._now(now)
         epoch, rows = answer.get("epoch"), answer.get("rows")
         if not isinstance(epoch, str) or not _EPOCH.match(epoch) or not isinstance(rows, list):
             return 0
+        oldest = (math.floor(clock / 3600) - ANSWER_PAST_HOURS) * 3600.0
+        newest = clock + FUTURE_S
         changed = 0
         for row in rows[:MAX_ANSWER_ROWS]:
             if not isinstance(row, Mapping):
@@ -304,10 +369,13 @@ class Ledger:
             counts = tuple(_count(row.get(f)) for f in ("requests", "prompt_tokens", "completion_tokens"))
             if not (isinstance(hour, str) and _HOUR.match(hour) and valid_user(user) and model):
                 continue
+            begins = hour_start(hour)
+            if begins is None or not oldest <= begins <= newest:
+                continue  # an hour the meter cannot hold yet, or no longer
             if any(c is None for c in counts):
                 continue
             date = hour[:10]
-            day = self._day(date)
+            day = self._day(date, clock)
             if day is None:
                 continue
             key = (epoch, hour, str(user), model)
@@ -322,17 +390,22 @@ class Ledger:
 
     def record_tasks(self, jobs: Iterable[Job], team_of: Mapping[str, str], now: float) -> int:
         """Set each task run's GPU-seconds per hour from its job record (a running one up to
-        ``now``): a recomputation replaces the run's rows, never adds to them. Returns how many
-        rows changed."""
+        ``now``): a recomputation replaces the run's rows, never adds to them. Only the live
+        window counts: a run is counted from :func:`live_since` at the earliest (older days are
+        final) and never past ``now``, whatever times its record names. Returns how many rows
+        changed."""
+        clock = self._now(now)
+        since = live_since(clock)
         changed = 0
         for job in jobs:
-            if job.gpus <= 0 or job.start is None:
+            if not (job.gpus > 0 and math.isfinite(job.gpus)) or job.start is None:
                 continue
-            end = now if job.end is None else min(job.end, now)
+            end = clock if job.end is None else min(job.end, clock)
+            start = max(job.start, since)
             obj = f"{job.user}/tasks/{job.task}"
             team = team_of.get(job.user, "")
-            for hour, seconds in split_hours(job.start, end).items():
-                day = self._day(hour[:10])
+            for hour, seconds in split_hours(start, end).items():
+                day = self._day(hour[:10], clock)
                 if day is None:
                     continue
                 key = (hour, job.user, team, "task", obj, job.submission_id)
@@ -352,6 +425,7 @@ class Ledger:
         """Add each model's running replicas x GPUs per replica x the time since the last sample
         (at most ``cap`` seconds: a daemon that stopped sampling does not invent usage for the
         gap; the first sample after a start adds nothing). Returns how many rows changed."""
+        self._now(now)
         last, self.last_sample = self.last_sample, now
         if last is None or now <= last:
             return 0
@@ -359,11 +433,11 @@ class Ledger:
         changed = 0
         for r in running:
             gpus = r.replicas * r.gpus_per_replica
-            if gpus <= 0:
+            if not (gpus > 0 and math.isfinite(gpus)):
                 continue
             team = team_of.get(r.user, "")
             for hour, seconds in split_hours(start, now).items():
-                day = self._day(hour[:10])
+                day = self._day(hour[:10], now)
                 if day is None:
                     continue
                 key = (hour, r.user, team, "model", f"{r.user}/models/{r.model}", "")
@@ -374,17 +448,20 @@ class Ledger:
                 changed += 1
         return changed
 
-    def take_documents(self, samples: bool = True) -> dict[str, dict[str, Any]]:
+    def take_documents(self, samples: bool = True, now: float | None = None) -> dict[str, dict[str, Any]]:
         """The documents of the dates changed since they were last taken (path -> document):
         ``dirty`` dates, and ``sampled`` ones too when ``samples``; a ``passive`` change travels
-        with them. Forgets that they changed; days older than :data:`LIVE_DAYS` are then kept as
-        totals only."""
-        dates = self.dirty | (self.sampled if samples else set())
-        out = {f"{USAGE_DIR}{d}.json": document(d, self.days[d]) for d in sorted(dates) if d in self.days}
-        self.dirty = set()
-        self.sampled -= dates
-        self.passive -= dates
-        self._age()
+        with them. At most :data:`MAX_DOCUMENTS_PER_COMMIT`, the newest dates first: the others
+        stay changed and are taken by the next call. Forgets that the ones taken changed; days
+        older than the live window are then kept as totals only."""
+        clock = self._now(now)
+        dates = sorted((self.dirty | (self.sampled if samples else set())) & self.days.keys(), reverse=True)
+        taken = set(dates[:MAX_DOCUMENTS_PER_COMMIT])
+        out = {f"{USAGE_DIR}{d}.json": document(d, self.days[d]) for d in sorted(taken)}
+        self.dirty = {d for d in self.dirty if d in self.days} - taken
+        self.sampled = {d for d in self.sampled if d in self.days} - taken
+        self.passive -= taken
+        self._age(clock)
         return out
 
     def totals(self) -> Totals:
@@ -395,20 +472,25 @@ class Ledger:
             out.add(day.totals())
         return out
 
-    def _day(self, date: str) -> Day | None:
+    def _day(self, date: str, now: float) -> Day | None:
         """The rows of ``date`` (created when new); None for a date already kept as totals only
-        (an answer about a day that old changes nothing)."""
+        (an answer about a day that old changes nothing) and, when new, for a date outside the
+        live window at ``now`` (older than :func:`live_since`, or after ``now + FUTURE_S``)."""
         day = self.days.get(date)
         if day is None:
-            if date <= self.folded:
+            if date <= self.folded or date < date_of(live_since(now)) or date > date_of(now + FUTURE_S):
                 return None
             day = self.days[date] = Day()
         return day
 
-    def _age(self) -> None:
-        """Fold the days beyond the newest :data:`LIVE_DAYS` (and not waiting to be written) into
-        ``old``."""
-        for date in sorted(self.days)[:-LIVE_DAYS]:
+    def _age(self, now: float) -> None:
+        """Fold the days older than the live window at ``now`` (and not waiting to be written)
+        into ``old``. Counted from the clock, not from the newest date held: no date can push
+        today out."""
+        oldest = date_of(live_since(now))
+        for date in sorted(self.days):
+            if date >= oldest:
+                break
             if date not in self.dirty and date not in self.sampled:
                 # A passive change of a day this old (the daemon's probe counts) is not written.
                 self.passive.discard(date)

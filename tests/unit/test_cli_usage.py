@@ -28,6 +28,7 @@ def _answer(epoch: str, hour: str, user: str, app: str, req: int, p: int, c: int
 
 def _ledger() -> Ledger:
     ledger = Ledger()
+    ledger.tell(T)  # the daemon's clock, which the ledger's bounds count from
     ledger.merge_tokens(_answer("a" * 32, "2026-12-05T03", "alice", "argus--alice--chat", 3, 31, 24))
     ledger.merge_tokens(_answer("b" * 32, "2026-12-05T04", "alice", "argus--alice--chat", 2, 9, 6))  # meter restarted
     ledger.merge_tokens(_answer("a" * 32, "2026-12-04T22", "bob", "argus--alice--chat", 1, 5, 5))

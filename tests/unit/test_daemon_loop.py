@@ -325,12 +325,15 @@ def test_the_daemon_records_a_tasks_gpu_seconds_on_the_status_branch(tmp_path: P
     ray = FakeRay(gpus=8)
     daemon = _daemon(repo, ray)
     daemon.usage.interval = 0.0  # read every report, not once a minute
+    # argus records the run (by its own clock) 100 s before now: Ray's record is believed within
+    # that run's life as argus saw it, from its submission to when argus first saw it ended.
+    daemon.writer.now = lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 100))
     daemon.run_once()
     (sid,) = ray.jobs
-    start = 1764903600  # 2025-12-05T03:00:00Z
+    start = int(time.time()) - 100
     ray.jobs[sid].update(status="SUCCEEDED", start_time=start * 1000, end_time=(start + 90) * 1000)
     daemon.run_once()
-    path = "usage/2025-12-05.json"
+    path = f"usage/{time.strftime('%Y-%m-%d', time.gmtime(start))}.json"
     doc = json.loads(git(repo.bare, "show", f"argus/status:{path}"))
     assert [(r["object"], r["gpu_seconds"]) for r in doc["gpu"]] == [("alice/tasks/g", 90.0)]
     again = _daemon(repo, ray)

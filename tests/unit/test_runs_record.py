@@ -292,12 +292,16 @@ def test_key_file_is_created_private_and_reused(tmp_path: Path) -> None:
 def test_runs_are_recorded_before_submission_and_read_back(tmp_path: Path) -> None:
     bare = tmp_path / "config.git"
     git(tmp_path, "init", "-q", "--bare", "-b", "main", str(bare))
-    writer = StatusWriter(open_source(str(bare), str(tmp_path / "cache")))
+    writer = StatusWriter(open_source(str(bare), str(tmp_path / "cache")), now=lambda: "2026-12-05T03:00:00Z")
     task = task_spec("alice", "train", command="true")
     sid, digest = submission_id(task), task_spec_hash(task)
     assert writer.record_runs([(task.key, sid, digest)])
     docs = read_documents(str(bare), "argus/status")
-    assert docs[task.key.path]["runs"] == [{"submission_id": sid, "spec_hash": digest, "status": "SUBMITTED"}]
+    # When argus submitted it, by its own clock: what the run's GPU-seconds count from.
+    submitted = {"submitted_at": "2026-12-05T03:00:00Z"}
+    assert docs[task.key.path]["runs"] == [
+        {"submission_id": sid, "spec_hash": digest, "status": "SUBMITTED", **submitted}
+    ]
     # A fresh writer (a restarted daemon) sees the record, and the planner does not submit again.
     runs = recorded_runs(StatusWriter(open_source(str(bare), str(tmp_path / "cache"))).documents(), None)
     assert [(r.submission_id, r.spec_hash) for r in runs] == [(sid, digest)]

@@ -16,6 +16,13 @@ T = float(calendar.timegm((2026, 12, 5, 3, 0, 0)))  # 2026-12-05T03:00:00Z
 E1, E2 = "a" * 32, "b" * 32
 
 
+def told(now: float = T) -> Ledger:
+    """A ledger told the daemon's clock: every bound in time counts from it."""
+    ledger = Ledger()
+    ledger.tell(now)
+    return ledger
+
+
 def answer(epoch: str, *rows: tuple[str, str, str, int, int, int]) -> dict[str, object]:
     return {
         "epoch": epoch,
@@ -42,7 +49,7 @@ def test_model_object_of_app_names() -> None:
 
 
 def test_tokens_merge_is_idempotent_per_epoch() -> None:
-    ledger = Ledger()
+    ledger = told()
     first = answer(E1, ("2026-12-05T03", "alice", "argus--alice--chat", 3, 31, 24))
     assert ledger.merge_tokens(first) == 1
     assert ledger.merge_tokens(first) == 0  # the same answer again: nothing changes
@@ -57,7 +64,7 @@ def test_tokens_merge_is_idempotent_per_epoch() -> None:
 
 
 def test_malformed_answers_and_rows_are_ignored() -> None:
-    ledger = Ledger()
+    ledger = told()
     for bad in (None, [], {"epoch": "zz", "rows": []}, {"epoch": E1, "rows": "x"}):
         assert ledger.merge_tokens(bad) == 0
     rows = [
@@ -72,7 +79,7 @@ def test_malformed_answers_and_rows_are_ignored() -> None:
 
 
 def test_task_gpu_seconds_are_recomputed_not_added() -> None:
-    ledger = Ledger()
+    ledger = told()
     running = Job("argus--alice--train--1", "alice", "train", 2.0, T - 1800, None)
     ledger.record_tasks([running], {"alice": "vision"}, now=T + 600)
     expected = {("alice", "vision", "task"): 2.0 * 2400}
@@ -91,7 +98,7 @@ def test_task_gpu_seconds_are_recomputed_not_added() -> None:
 
 
 def test_a_user_moving_team_does_not_double_a_run() -> None:
-    ledger = Ledger()
+    ledger = told()
     job = Job("sid", "alice", "train", 1.0, T, T + 100)
     ledger.record_tasks([job], {"alice": "vision"}, now=T + 200)
     ledger.record_tasks([job], {"alice": "nlp"}, now=T + 200)
@@ -99,7 +106,7 @@ def test_a_user_moving_team_does_not_double_a_run() -> None:
 
 
 def test_model_samples_add_and_are_capped() -> None:
-    ledger = Ledger()
+    ledger = told()
     chat = [Replicas("alice", "chat", 2, 1.0)]
     assert ledger.sample_models(chat, {}, now=T, cap=120) == 0  # the first sample: no elapsed time yet
     ledger.sample_models(chat, {}, now=T + 10, cap=120)
@@ -110,7 +117,7 @@ def test_model_samples_add_and_are_capped() -> None:
 
 
 def test_documents_only_for_changed_dates_and_a_restart_continues() -> None:
-    ledger = Ledger()
+    ledger = told()
     ledger.merge_tokens(answer(E1, ("2026-12-05T03", "alice", "argus--alice--chat", 3, 31, 24)))
     ledger.record_tasks([Job("sid", "alice", "train", 1.0, T - 60, T)], {}, now=T)
     docs = ledger.take_documents()
@@ -120,7 +127,7 @@ def test_documents_only_for_changed_dates_and_a_restart_continues() -> None:
     assert ledger.take_documents() == {}  # the same values: no document
     # A restarted daemon reads the documents back: the same answer and records change nothing.
     written = {p: json.loads(json.dumps(d)) for p, d in docs.items()}
-    again = Ledger()
+    again = told()
     again.load(written)
     before = again.totals()
     again.merge_tokens(answer(E1, ("2026-12-05T03", "alice", "argus--alice--chat", 3, 31, 24)))
@@ -142,14 +149,14 @@ def test_a_document_round_trips_and_forged_rows_are_dropped() -> None:
     doc["gpu"].append({**doc["gpu"][0], "gpu_seconds": float("inf")})
     assert parse_document(doc) == ("2026-12-05", day)
     assert parse_document({"date": "yesterday"}) is None and parse_document([]) is None
-    ledger = Ledger()
+    ledger = told()
     ledger.load({"usage/2026-12-04.json": doc})  # a path that is not its date's: not read
     assert ledger.days == {}
 
 
 def test_documents_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(usage, "MAX_ROWS", 5)
-    ledger = Ledger()
+    ledger = told()
     rows = [("2026-12-05T03", f"u{i}", "argus--alice--chat", i + 1, 1, 1) for i in range(8)]
     ledger.merge_tokens(answer(E1, *rows))
     doc = ledger.take_documents()["usage/2026-12-05.json"]
@@ -158,9 +165,10 @@ def test_documents_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_old_days_become_totals_and_are_never_rewritten() -> None:
-    ledger = Ledger()
-    for d in range(1, 6):
-        ledger.merge_tokens(answer(E1, (f"2026-12-0{d}T03", "alice", "argus--alice--chat", d, 0, 0)))
+    ledger = told()
+    for d in range(1, 6):  # one answer a day, each read on its day
+        at = T + (d - 5) * 86400
+        ledger.merge_tokens(answer(E1, (f"2026-12-0{d}T03", "alice", "argus--alice--chat", d, 0, 0)), now=at)
     docs = ledger.take_documents()
     assert len(docs) == 5 and sorted(ledger.days) == ["2026-12-03", "2026-12-04", "2026-12-05"]
     assert ledger.totals().requests == {("alice", "alice/models/chat"): 15}
@@ -172,7 +180,7 @@ def test_old_days_become_totals_and_are_never_rewritten() -> None:
 def test_the_daemons_probes_and_model_samples_are_written_lazily() -> None:
     """An idle cluster makes no commit: the daemon's probe counts (they change every tick) travel
     only with another change, and model samples only when the caller asks for them."""
-    ledger = Ledger()
+    ledger = told()
     assert ledger.merge_tokens(answer(E1, ("2026-12-05T03", "(daemon)", "argus--alice--chat", 9, 9, 9))) == 1
     assert ledger.take_documents() == {}
     chat = [Replicas("alice", "chat", 1, 1.0)]
