@@ -178,12 +178,10 @@ def test_a_run_started_in_1970_makes_a_bounded_number_of_documents() -> None:
 
 
 def test_the_recorder_bounds_a_hostile_answer_by_its_own_clock() -> None:
-    body = json.dumps(answer(row("2096-01-01T00"), row("2026-12-05T03", r=-1), row("2026-12-05T03"), now=Y2096))
+    doc = answer(row("2096-01-01T00"), row("2026-12-05T03", r=-1), row("2026-12-05T03"), now=Y2096)
     cluster = ClusterSpec(users={"alice": UserPolicy()})
     desired = DesiredState(cluster, models={ObjectKey("alice", "model", "chat"): None})  # type: ignore[dict-item]
-    rec = UsageRecorder(
-        lambda _c: "http://router:8000", "k", lambda: {}, get=lambda *_a: (200, body.encode()), clock=lambda: T
-    )
+    rec = UsageRecorder(lambda: json.loads(json.dumps(doc)), lambda: {}, clock=lambda: T)
     docs = rec.update(desired, ActualState())
     assert list(docs) == ["usage/2026-12-05.json"] and rec.ledger.clock == T
     assert rec.totals.requests == {("alice", "alice/models/chat"): 1}
