@@ -9,7 +9,7 @@ The daemon builds one *gate config* per tick (reconciler/builders/serve.py ``gat
   every model, as an endpoint without keys always was);
 - ``access``: per application, who besides its owner may call it (null: everyone with a key;
   absent: its owner only); ``teams``: each user's team; ``limits``: the per-minute rate limits
-  (reconciler/serve_apps/limits.py).
+  (reconciler/endpoint/limits.py).
 
 The gate lives only in argus's own processes (the daemon's, or ``argus endpoint``'s): nothing a
 Ray job can deploy, call or read holds a key hash, an access rule or a count.
@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconciler.serve_apps.limits import Limits, parse_limits
+from reconciler.endpoint.limits import Limits, parse_limits
 from reconciler.serve_apps.table import Entry, owner_of, parse_table
 
 MAX_KEYS = 100_000  # keys past this are ignored (and reported)

@@ -3,7 +3,7 @@ endpoint process's :class:`MeterClient` that decides locally and syncs with it i
 No Ray: both sides are argus processes, so no job can send the meter a count or read one.
 
 :class:`Meter` (the daemon's, one per daemon) wraps the pure :class:`MeterState`
-(reconciler/serve_apps/limits.py, where the design and its overshoot bound are) behind a lock:
+(reconciler/endpoint/limits.py, where the design and its overshoot bound are) behind a lock:
 endpoint processes sync with it (in the daemon's own process directly; from an ``argus endpoint``
 process over the daemon's private socket, reconciler/endpoint/link.py) and the daemon's usage
 recorder reads its rows. A request never waits on the meter: admission and counting are local
@@ -23,8 +23,8 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from reconciler.serve_apps.limits import Counters, Limits, MeterState
-from reconciler.serve_apps.usage import metered
+from reconciler.endpoint.limits import Counters, Limits, MeterState
+from reconciler.endpoint.usage import metered
 
 log = logging.getLogger("argus")
 

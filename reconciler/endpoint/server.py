@@ -19,7 +19,7 @@ OpenAI shape (``{"error": {"message", "type", "param", "code"}}``).
 
 Usage: every forwarded request is counted with the tokens of its response's ``usage``; a streamed
 chat or completion is asked for its usage chunk (``stream_options.include_usage``), which is
-dropped again when the client did not ask for it (reconciler/serve_apps/usage.py).
+dropped again when the client did not ask for it (reconciler/endpoint/usage.py).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ import aiohttp
 from aiohttp import web
 
 from reconciler.endpoint.gate import Caller, Gate, Unauthorized, parse_gate
+from reconciler.endpoint.limits import OPEN_USER
 from reconciler.endpoint.meter import MeterClient, RateLimitExceeded, SyncLink, usage_cap
-from reconciler.serve_apps.limits import OPEN_USER
-from reconciler.serve_apps.usage import STREAMED_METHODS, _tokens
+from reconciler.endpoint.usage import STREAMED_METHODS, _tokens
 
 log = logging.getLogger("argus")
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from reconciler.endpoint import meter as meter_module
+from reconciler.endpoint.limits import Limits
 from reconciler.endpoint.meter import Meter, MeterClient, RateLimitExceeded
-from reconciler.serve_apps.limits import Limits
 
 
 class Handle:

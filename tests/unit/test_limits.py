@@ -1,6 +1,6 @@
-"""The pure part of the router's rate limits and usage accounting (reconciler/serve_apps/limits.py):
-the sliding window and its Retry-After, the ``limits`` part of the router's user_config, a
-replica's local decisions and the meter's global state and bounds."""
+"""The pure part of the endpoint's rate limits and usage accounting (reconciler/endpoint/limits.py):
+the sliding window and its Retry-After, the ``limits`` part of the gate config, an
+endpoint process's local decisions and the meter's global state and bounds."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.serve_apps import limits
-from reconciler.serve_apps.limits import (
+from reconciler.endpoint import limits
+from reconciler.endpoint.limits import (
     MAX_RETRY_S,
     Counters,
     Limits,

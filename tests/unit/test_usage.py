@@ -1,4 +1,4 @@
-"""Token usage read from the responses passing the router (reconciler/serve_apps/usage.py):
+"""Token usage read from the responses passing the router (reconciler/endpoint/usage.py):
 streamed SSE chunks (alone and batched in lists), non-streaming response objects, and the
 ``stream_options.include_usage`` the router adds for clients who did not ask for usage."""
 
@@ -11,8 +11,8 @@ from typing import Any
 
 from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, CompletionRequest
 
-from reconciler.serve_apps import usage
-from reconciler.serve_apps.usage import ask_for_usage, metered, scan
+from reconciler.endpoint import usage
+from reconciler.endpoint.usage import ask_for_usage, metered, scan
 
 
 def sse(chunk: dict[str, Any]) -> str:

@@ -1,5 +1,5 @@
 """Usage rows bounded, written as the attacker would (reconciler/status/usage.py,
-reconciler/serve_apps/limits.py, reconciler/observe/usage.py, reconciler/status/writer.py): the
+reconciler/endpoint/limits.py, reconciler/observe/usage.py, reconciler/status/writer.py): the
 meter takes writes from any job that reaches its deployment handle, and its answer is read by the
 daemon. No negative count anywhere (meter, merge, documents read back); no hour outside ``[now - 48 h, now + 1 h]`` into
 the meter or from its answer, "now" being the daemon's clock and never the answer's; no date in
@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from reconciler.endpoint.limits import KEEP_HOURS, Counters, MeterState
 from reconciler.observe.usage import UsageRecorder
 from reconciler.plan.actual import ActualState
-from reconciler.serve_apps.limits import KEEP_HOURS, Counters, MeterState
 from reconciler.source.remote import open_source
 from reconciler.spec.types import ClusterSpec, DesiredState, ObjectKey, UserPolicy
 from reconciler.status import usage

@@ -1,4 +1,4 @@
-"""Token usage read from the responses a model returns through the router (no Ray, no I/O).
+"""Token usage read from the responses a model returns through the endpoint (no Ray, no I/O).
 
 Non-streaming responses (chat, completion, embedding, score) are objects with a ``usage`` field.
 Streamed ones are SSE strings ``data: {...}\\n\\n`` (or lists of them when Ray batches chunks);

@@ -1,6 +1,6 @@
-"""Per-minute rate limits and usage accounting of the router: the pure part (no Ray, no I/O).
+"""Per-minute rate limits and usage accounting of the endpoint: the pure part (no Ray, no I/O).
 
-Limits (``user_config["limits"]``, built by the daemon from cluster.yaml) cap each user's and
+Limits (the gate config's ``limits``, built by the daemon from cluster.yaml) cap each user's and
 each team's requests and tokens (prompt + completion) per minute. Counting uses Cloudflare's
 sliding-window counter: per subject (``u:<user>``, ``t:<team>``) the counts of the current and
 the previous wall-clock minute, and the estimate ``prev * (1 - elapsed / 60) + cur``. The
@@ -8,23 +8,24 @@ estimate is continuous (at a minute's end ``cur`` becomes ``prev`` at full weigh
 rises without new counts, so the time a refused caller must wait has a closed form
 (:func:`retry_after`).
 
-Across router replicas. :class:`MeterState` (held by the one ``ArgusMeter`` replica,
-reconciler/serve_apps/meter.py) owns the global windows and the usage rows; its clock assigns the
-deltas it receives to minutes. Each router replica decides alone with its :class:`Counters`: the
+Across endpoint processes. :class:`MeterState` (held by the daemon's ``Meter``,
+reconciler/endpoint/meter.py) owns the global windows and the usage rows; its clock assigns the
+deltas it receives to minutes. Each endpoint process decides alone with its :class:`Counters`: the
 global windows of its last sync plus what it admitted and counted since (unsynced), so a busy
-replica's requests cost no remote call. A replica syncs every SYNC_BUSY_S while it had traffic in the last
-BUSY_FOR_S (its last counts are flushed then), and not at all when idle: an idle router costs no
-meter call. Overshoot bound: a replica does not see what another admitted since
-that one's last sync, nor what reached the meter after its own last sync, so with R replicas, a
-sync period P (SYNC_BUSY_S plus the sync's latency) and a caller admitted at rate r by each
-replica, one window admits at most ``limit + 2 * (R - 1) * r * P`` requests (e.g. 4 replicas,
-0.5 s, 20 requests/s each: 60 over; tests/unit/test_limits.py simulates it). Tokens likewise,
-plus the tokens of the requests in flight when the limit is reached: tokens are known only when
-a response's usage arrives. A replica whose windows are older than STALE_S (it stops syncing when
-idle) first waits for one sync, at most FRESHEN_TIMEOUT_S (meter.py), before it decides a limited
-request: the only remote call a request may wait for, once per wake-up.
+process's requests cost no remote call. A process syncs every SYNC_BUSY_S while it had traffic in
+the last BUSY_FOR_S (its last counts are flushed then), and not at all when idle: an idle endpoint
+costs no meter call. Overshoot bound: a process does not see what another admitted since that
+one's last sync, nor what reached the meter after its own last sync, so with R processes, a sync
+period P (SYNC_BUSY_S plus the sync's latency) and a caller admitted at rate r by each process,
+one window admits at most ``limit + 2 * (R - 1) * r * P`` requests (e.g. 4 processes, 0.5 s, 20
+requests/s each: 60 over; tests/unit/test_limits.py simulates it). Tokens likewise, plus the tokens
+of the requests in flight when the limit is reached: tokens are known only when a response's usage
+arrives. A process whose windows are older than STALE_S (it stops syncing when idle) first waits
+for one sync, at most FRESHEN_TIMEOUT_S (meter.py), before it decides a limited request: the only
+remote call a request may wait for, once per wake-up. In ``argus run`` the one process is the
+daemon's and its sync a function call.
 
-Tokens come from the responses' own ``usage`` (reconciler/serve_apps/usage.py). A stream the
+Tokens come from the responses' own ``usage`` (reconciler/endpoint/usage.py). A stream the
 client leaves before its end (vLLM reports usage last) is charged one completion token per chunk
 it received and no prompt tokens (an estimate: vLLM streams about a token a chunk).
 """
@@ -54,7 +55,7 @@ Pair = tuple[int | None, int | None]  # (requests per minute, tokens per minute)
 
 @dataclass(frozen=True)
 class Limits:
-    """The ``limits`` part of the router's ``user_config``: each user's default, users' own
+    """The ``limits`` part of the gate config: each user's default, users' own
     limits (overriding the default) and teams' (on their members' summed counts)."""
 
     default: Pair = (None, None)
@@ -91,7 +92,7 @@ def _pair(value: Any) -> Pair:
 
 
 def parse_limits(config: Any) -> tuple[Limits | None, list[str]]:
-    """Return ``(limits, problems)`` of a router ``user_config``'s ``limits`` (None: absent, no limit).
+    """Return ``(limits, problems)`` of a gate config's ``limits`` (None: absent, no limit).
 
     Pure; never raises. Malformed parts are skipped and described in ``problems``, like the
     table's other parts: a malformed ``default`` leaves users without a default limit, a malformed
@@ -141,7 +142,7 @@ def _name(value: Any) -> bool:
 
 def _window(value: Any) -> list[int] | None:
     """A meter window ``[minute, requests prev, requests cur, tokens prev, tokens cur]`` with no
-    negative count, else None (the replica then counts the subject from its own counts alone)."""
+    negative count, else None (the process then counts the subject from its own counts alone)."""
     if not isinstance(value, list) or len(value) != 5:
         return None
     minute = value[0]
@@ -196,11 +197,11 @@ def shifted(window: list[int] | None, minute: int) -> tuple[int, int, int, int]:
 
 
 class Counters:
-    """A router replica's view of the windows and its unsynced counts. Not thread-safe: used on
-    the replica's event loop only.
+    """An endpoint process's view of the windows and its unsynced counts. Not thread-safe: used on
+    the endpoint's event loop only.
 
     ``windows``: the meter's answer at the last sync (subject -> window); ``pending``: what this
-    replica counted since (subject -> [requests, tokens]) and ``usage`` (hour index, user, app ->
+    process counted since (subject -> [requests, tokens]) and ``usage`` (hour index, user, app ->
     [requests, prompt tokens, completion tokens]); ``sent`` and ``sent_usage``: what a sync under
     way carries (still counted here until its answer arrives).
     """
@@ -305,7 +306,7 @@ def _row_delta(entry: Any, oldest: int, newest: int) -> tuple[int, str, str, int
 
 
 class MeterState:
-    """The global windows and usage rows, as the ``ArgusMeter`` replica holds them. Pure: the
+    """The global windows and usage rows, as the daemon's ``Meter`` holds them. Pure: the
     clock is passed in.
 
     Bounded: at most MAX_SUBJECTS subjects (idle ones, last counted two minutes ago or more, are
@@ -323,7 +324,7 @@ class MeterState:
         self._pruned_minute = minute_of(now)[0]
 
     def sync(self, deltas: Any, now: float) -> dict[str, Any]:
-        """Add a replica's deltas (:meth:`Counters.take`) and return the windows of every subject
+        """Add an endpoint process's deltas (:meth:`Counters.take`) and return the windows of every subject
         counted in this minute or the last: ``{"epoch", "w": {subject: window}}``.
 
         Every delta is checked (its caller may be any code that reaches the meter): a malformed
