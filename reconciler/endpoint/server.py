@@ -287,15 +287,22 @@ class Endpoint:
         subjects: list[str],
         cap: tuple[int, int],
     ) -> web.StreamResponse:
+        """Pass a streamed answer on. Once its first bytes are sent it is the client's 200: a client
+        that leaves (the openai client closes at ``[DONE]``) ends it quietly, and so does Serve
+        breaking off mid-stream (logged); metered() charges what was passed on either way."""
         out = web.StreamResponse(status=up.status, headers=_answer_headers(up))
         await out.prepare(request)
         events = self.meter.metered(sse_events(up.content.iter_any()), strip, user, app, subjects, cap)
         try:
             async for text in events:
                 await out.write(text.encode())
-        finally:  # also when the client left: metered() charges what it received
+            await out.write_eof()
+        except ConnectionResetError:  # the client left (aiohttp's ClientConnectionResetError is one too)
+            pass
+        except (aiohttp.ClientError, TimeoutError) as exc:  # Serve broke off: nothing more to send
+            log.warning("argus endpoint: a streamed answer from Serve broke off: %r", exc)
+        finally:
             await events.aclose()  # type: ignore[attr-defined]
-        await out.write_eof()
         return out
 
     async def _forward_plain(self, request: web.Request) -> web.StreamResponse:

@@ -63,6 +63,7 @@ class Upstream:
     seen: list[tuple[str, dict[str, str], Any]] = field(default_factory=list)
     endpoint: Endpoint | None = None  # the endpoint in front of it (a test publishes new gates to it)
     usage: dict[str, int] = field(default_factory=lambda: dict(USAGE))  # what its answers claim
+    pause: float = 0.0  # seconds between streamed chunks
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = json.loads(await request.read()) if request.method == "POST" else None
@@ -78,6 +79,7 @@ class Upstream:
             for word in ("Par", "is"):
                 chunk = {"choices": [{"index": 0, "delta": {"content": word}}], "model": body["model"]}
                 await out.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                await asyncio.sleep(self.pause)
             if (body.get("stream_options") or {}).get("include_usage"):
                 await out.write(f"data: {json.dumps({'choices': [], 'usage': self.usage})}\n\n".encode())
             await out.write(b"data: [DONE]\n\n")
@@ -457,3 +459,27 @@ def test_an_answers_usage_is_billed_only_within_the_requests_own_bounds() -> Non
             assert row["prompt_tokens"] <= 2 * (4096 + 200), row
 
     run(test)
+
+
+def test_a_client_leaving_a_stream_is_no_serve_outage(caplog: pytest.LogCaptureFixture) -> None:
+    """The openai client closes a stream as soon as it reads ``[DONE]``, often before the endpoint's last
+    write: that is the client's business, never a "Serve did not answer" (nor a second answer)."""
+
+    async def test() -> None:
+        async with serving(GATE) as (url, upstream, meter):
+            upstream.pause = 0.3
+            async with aiohttp.ClientSession() as session:
+                headers = {"Authorization": f"Bearer {BOB_KEY}"}
+                async with session.post(
+                    url + "/v1/chat/completions", json=chat(CHAT_ALIAS, stream=True), headers=headers
+                ) as resp:
+                    assert resp.status == 200
+                    await resp.content.readline()
+                    resp.close()  # leaves after the first chunk
+            await asyncio.sleep(1.5)
+            (row,) = meter.usage()["rows"]
+            assert row["requests"] == 1 and row["completion_tokens"] >= 1  # charged for what it received
+
+    with caplog.at_level("WARNING", logger="argus"):
+        run(test)
+    assert not [r for r in caplog.records if "did not answer" in r.getMessage()], caplog.text
