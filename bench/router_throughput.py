@@ -1,4 +1,8 @@
-"""Benchmark: argus's OpenAI router versus Ray Serve LLM's own ``build_openai_app`` ingress.
+"""Benchmark: argus's Ray-side router alone versus Ray Serve LLM's own ``build_openai_app`` ingress.
+
+The router is called on Serve's proxy directly, without argus's endpoint in front (which now checks
+keys, rules and limits outside Ray): ``bench/router_vs_ray.py`` measures the endpoint, Ray's ingress
+and bare vLLM side by side.
 
 One fresh private Ray head (CPU mode) runs, on one Serve instance:
 

@@ -43,12 +43,13 @@ work on a shared machine moves the figures). The meter's link runs in this proce
 daemon hosts it), so its CPU is not in argus's figure: it syncs every 0.5 s under traffic.
 
 Usage (from a fresh clone, with the dev environment): ``.venv/bin/python bench/router_vs_ray.py``
-(``--rounds 2 --seconds 10 --idle-seconds 60 --levels 1,8,32`` are the defaults; about 25 minutes
-on 2 shared cores). ``--router-replicas N`` sets the router's minimum replica count (default:
-argus's, 2). ``--uvloop`` runs the endpoint on uvloop's event loop (``bench/router_profile.py``;
-argus itself runs asyncio's). ``--profile DIR`` instead runs only the argus path, the endpoint
-under cProfile (``bench/router_profile.py``), with 32 openai clients for 3x``--seconds``, and prints
-where the endpoint spends its time (the profiler slows it; the Ray-side router is not profiled).
+(``--rounds 2 --seconds 10 --idle-seconds 60 --levels 1,8,32`` are the defaults; about 15 minutes on
+2 shared cores, 5 of them starting the head, Serve's two engines and vLLM's). ``--router-replicas
+N`` sets the router's minimum replica count (default: argus's, 2). ``--uvloop`` runs the endpoint on
+uvloop's event loop (``bench/router_profile.py``; argus itself runs asyncio's). ``--profile DIR``
+instead runs only the argus path, the endpoint under cProfile (``bench/router_profile.py``), with 32
+openai clients for 3x``--seconds``, and prints where the endpoint spends its time (the profiler
+slows it; the Ray-side router is not profiled).
 """
 
 from __future__ import annotations
