@@ -5,13 +5,15 @@ Usage: ``python bench/router_profile.py [--uvloop] [--profile FILE] -- endpoint 
 what follows ``--`` is the ``argus`` command line, run by ``reconciler.cli.main`` unchanged (the
 endpoint is single-threaded asyncio, so the profile of this main thread is the whole endpoint).
 ``--uvloop`` installs uvloop's event loop policy before ``asyncio.run`` (argus itself does not);
-``--profile FILE`` writes cProfile's stats there when the endpoint stops (SIGTERM).
+``--profile FILE`` writes cProfile's stats (CPU time, the whole process's life) there when the
+endpoint stops (SIGTERM).
 """
 
 from __future__ import annotations
 
 import cProfile
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +41,7 @@ def main(argv: list[str]) -> int:
 
     if profile is None:
         return argus_main(argus)
-    prof = cProfile.Profile()
+    prof = cProfile.Profile(time.process_time)  # CPU time: waits on sockets and preemption are not counted
     prof.enable()
     try:
         return argus_main(argus)

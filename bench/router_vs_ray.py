@@ -583,9 +583,10 @@ def main(argv: list[str] | None = None) -> int:
                 "ray": "ingress replicas",
                 "vllm": "API server (engine core not counted)",
             }[p]
-            ratio = _ratio(totals[p], totals["ray"]) if p != "ray" else ""
+            ratio = {"argus": _ratio(totals[p], totals["ray"]), "ray": "", "vllm": "n/a (not an ingress)"}[p]
             print(f"| {p} | {len(idle_pct[p])}: {what} | {per} | {totals[p]:.2f} % | {ratio} |")
-        print(table("The openai client (streaming chat, 8 tokens)", results["openai"], levels, endpoint.pid))
+        title = f"The openai client (streaming chat, {args.max_tokens} tokens)"
+        print(table(title, results["openai"], levels, endpoint.pid))
         if vllm_error:
             print(f"\nvLLM's benchmark client failed: {vllm_error}")
         elif results["vllm"]:
