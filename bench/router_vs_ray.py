@@ -55,6 +55,7 @@ slows it; the Ray-side router is not profiled).
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import hashlib
 import json
@@ -600,9 +601,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Serve ingress replicas at the end: {counts}; load average at the end: {os.getloadavg()}", flush=True)
         if endpoint.poll() is not None:
             print(f"the endpoint exited ({endpoint.returncode}) during the run")
-        lines = [line for line in _tail(root / "endpoint.log", 400).splitlines() if "endpoint_started" not in line]
+        lines = [line for line in _tail(root / "endpoint.log", 10_000).splitlines() if "endpoint_started" not in line]
         if lines:  # the endpoint logs warnings and errors only (no access log)
-            print(f"the endpoint's log: {len(lines)} lines, the last: {lines[-3:]}")
+            kinds = collections.Counter(line[:160] for line in lines)
+            common = "; ".join(f"{n} x {k!r}" for k, n in kinds.most_common(5))
+            print(f"the endpoint's log: {len(lines)} lines: {common}")
     finally:
         if endpoint is not None:
             _stop_process(endpoint, "the endpoint", 10)
