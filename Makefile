@@ -83,8 +83,9 @@ bench-memory: venv
 bench-daemon: venv
 	$(BENCH) bench/daemon_latency.py $(BENCH_ARGS)
 
-# argus's router against Ray Serve LLM's own ingress: idle CPU, the openai client and vLLM's benchmark
-# client at 1/8/32 concurrent (its own Ray head and the tiny model; about 15 min on 2 cores).
+# argus's endpoint (keys on) against Ray Serve LLM's own ingress and bare vLLM's OpenAI server: idle CPU, the
+# openai client and vLLM's benchmark client at 1/8/32 concurrent (its own Ray head and the tiny model; about
+# 15 min on 2 cores).
 bench-router: venv
 	$(BENCH) bench/router_vs_ray.py $(BENCH_ARGS)
 

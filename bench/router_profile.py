@@ -1,48 +1,54 @@
-"""The argus router under cProfile, for ``bench/router_vs_ray.py --profile DIR`` only.
+"""``argus endpoint`` in this process, optionally on uvloop and under cProfile: for
+``bench/router_vs_ray.py`` (``--uvloop``, ``--profile DIR``) only.
 
-``import_path: bench.router_profile:build_router`` (the bench's Ray head has the checkout on its
-PYTHONPATH). Each replica profiles its user-code event loop thread, where the ingress, FastAPI
-and the response stream run (Ray's handle routing runs on its own loop thread, not profiled), and
-writes ``router-<pid>.prof`` into ``args["dir"]`` every 5 s.
+Usage: ``python bench/router_profile.py [--uvloop] [--profile FILE] -- endpoint --listen ...``:
+what follows ``--`` is the ``argus`` command line, run by ``reconciler.cli.main`` unchanged (the
+endpoint is single-threaded asyncio, so the profile of this main thread is the whole endpoint).
+``--uvloop`` installs uvloop's event loop policy before ``asyncio.run`` (argus itself does not);
+``--profile FILE`` writes cProfile's stats (CPU time, the whole process's life) there when the
+endpoint stops (SIGTERM).
 """
 
 from __future__ import annotations
 
-import asyncio
 import cProfile
-import os
+import sys
+import time
 from pathlib import Path
-from typing import Any
 
-from ray.serve.deployment import Application
-from ray.serve.handle import DeploymentHandle
-
-from reconciler.serve_apps.router import ArgusIngress, router_application
-
-DUMP_EVERY_S = 5.0
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 
-class ProfiledIngress(ArgusIngress):
-    def __init__(self, meter: DeploymentHandle | None, dir: str) -> None:
-        super().__init__(meter)
-        self._dir = Path(dir)
-        self._profiler: cProfile.Profile | None = None
+def main(argv: list[str]) -> int:
+    if "--" not in argv:
+        raise SystemExit(__doc__)
+    cut = argv.index("--")
+    ours, argus = argv[:cut], argv[cut + 1 :]
+    profile = None
+    while ours:
+        opt = ours.pop(0)
+        if opt == "--uvloop":
+            import uvloop
 
-    async def reconfigure(self, user_config: Any) -> None:
-        await super().reconfigure(user_config)
-        if self._profiler is None:  # on the replica's user event loop thread
-            self._profiler = cProfile.Profile()
-            self._profiler.enable()
-            asyncio.get_running_loop().create_task(self._dump_loop())
+            uvloop.install()
+        elif opt == "--profile" and ours:
+            profile = ours.pop(0)
+        else:
+            raise SystemExit(f"unknown option {opt!r}\n{__doc__}")
 
-    async def _dump_loop(self) -> None:
-        assert self._profiler is not None
-        while True:
-            await asyncio.sleep(DUMP_EVERY_S)
-            self._profiler.dump_stats(str(self._dir / f"router-{os.getpid()}.prof"))  # disables it
-            self._profiler.enable()
+    from reconciler.cli import main as argus_main
+
+    if profile is None:
+        return argus_main(argus)
+    prof = cProfile.Profile(time.process_time)  # CPU time: waits on sockets and preemption are not counted
+    prof.enable()
+    try:
+        return argus_main(argus)
+    finally:
+        prof.disable()
+        prof.dump_stats(profile)
 
 
-def build_router(args: dict[str, Any]) -> Application:
-    """The router application with profiled replicas writing into ``args["dir"]``."""
-    return router_application(ProfiledIngress, args["dir"])
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

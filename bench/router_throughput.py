@@ -1,4 +1,8 @@
-"""Benchmark: argus's OpenAI router versus Ray Serve LLM's own ``build_openai_app`` ingress.
+"""Benchmark: argus's Ray-side router alone versus Ray Serve LLM's own ``build_openai_app`` ingress.
+
+The router is called on Serve's proxy directly, without argus's endpoint in front (which now checks
+keys, rules and limits outside Ray): ``bench/router_vs_ray.py`` measures the endpoint, Ray's ingress
+and bare vLLM side by side.
 
 One fresh private Ray head (CPU mode) runs, on one Serve instance:
 
@@ -85,9 +89,10 @@ def run_clients(base_url: str, model: str, clients: int, seconds: float, max_tok
 
 def side_by_side(source: Path, serve_port: int) -> tuple[ClusterSpec, ModelSpec, dict[str, Any], dict[str, Any]]:
     """The CPU cluster, the model, argus's application of the tiny model at ``source`` and Ray Serve LLM's own
-    ``build_openai_app`` of the same model under ``/ray``: what the router benches compare."""
+    ``build_openai_app`` of the same model under ``/ray``: what the router benches compare. Serve's proxy
+    (``serving.internal_http_port``) is on ``serve_port``."""
     cluster = ClusterSpec(
-        serving=Serving(accelerator="cpu", http_port=serve_port, cpus_per_replica=1.0),
+        serving=Serving(accelerator="cpu", internal_http_port=serve_port, cpus_per_replica=1.0),
         env={"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
     )
     spec = ModelSpec(
