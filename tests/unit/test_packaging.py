@@ -303,6 +303,28 @@ def test_allowed_signers_name_each_key_by_its_file(tmp_path: Path) -> None:
     assert out.read_text().splitlines() == ["alice ssh-ed25519 AAAAa alice@laptop", "bob ssh-ed25519 AAAAb bob"]
 
 
+def test_the_link_folder_is_the_daemons_once_and_again(tmp_path: Path) -> None:
+    """Both the argus and the endpoint service hand the link folder to argusd before starting: the first
+    makes it argusd's and 0700, the second (or a restart) finds it so and changes nothing (root there has no
+    CAP_FOWNER: a chmod of a folder it gave away would fail and stop the service)."""
+    script = (NODE / "argus-node").read_text()
+    function = re.search(r"^link_prepare\(\) \{.*?^\}", script, re.M | re.S)
+    assert function
+    if os.geteuid() != 0:  # argus-node runs this as root; CI runs as root
+        message = "needs root (argus-node's root hands the folder to another uid)"
+        if os.environ.get("CI"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    link = tmp_path / "link" / "daemon.sock"
+    uid, gid = 1100, 1100  # argusd's
+    env = {"PATH": os.environ["PATH"], "ARGUS_ENDPOINT_LINK": str(link)}
+    call = f"set -euo pipefail\n{function.group(0)}\ndaemon_uid={uid}; daemon_gid={gid}; link_prepare; link_prepare"
+    subprocess.run(["bash", "-c", call], env=env, check=True)
+    folder = link.parent.stat()
+    assert folder.st_uid == uid and folder.st_mode & 0o777 == 0o700
+    assert "install -d -o \"$daemon_uid\"" not in function.group(0), "install -d chmods after chown"
+
+
 def test_self_service_api_keys_are_written_by_the_git_server_and_read_by_the_daemon_only() -> None:
     """`ssh git@<host> key new` writes the hash into the api-keys volume; the daemon reads it (read-only) beside
     the admin's file, so the OpenAI endpoint is closed by default; no other service mounts it."""
