@@ -97,7 +97,7 @@ def test_an_argus_named_app_with_malformed_args_never_stops_a_tick(
 
 
 def test_a_foreign_app_with_odd_deployments_is_carried_unchanged(tmp_path: Path) -> None:
-    odd = {"name": "team-x", "import_path": "x:y", "args": [1], "deployments": ["a"]}
+    odd = {"name": "team-x", "import_path": "x:y", "route_prefix": None, "args": [1], "deployments": ["a"]}
     repo = _repo(tmp_path, mallory_model=False)
     ray = FakeRay(foreign_apps={"team-x": odd}, gpus=8)
     _reconciler(repo, ray).tick()
