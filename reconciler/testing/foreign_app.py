@@ -4,7 +4,8 @@ Run as a Ray job's entrypoint (``python -m reconciler.testing.foreign_app OUT NA
 what hostile code in a job does with nothing but the cluster's token: ``serve.run`` the app under each
 ``NAME`` at ``ROUTE`` (``-``: no HTTP route), an argus name included (it replaces that application).
 Each deployment's outcome is appended to the file ``OUT`` as one JSON line: ``name``, ``route``,
-``returned`` (epoch seconds when ``serve.run`` returned) or ``error``.
+``sent``, then ``returned`` (epoch seconds when it ran: when ``serve.run`` would return), ``gone``
+(removed before it ran) or ``error``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ import time
 
 from ray import serve
 from starlette.requests import Request
+
+# How long the job waits for one of its applications to run, and how often it looks.
+RUN_WAIT_S = 120.0
+POLL_S = 0.1
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0})
@@ -29,20 +34,43 @@ app = Echo.bind()  # type: ignore[attr-defined]  # serve.deployment returns a De
 
 
 def deploy(out: str, specs: list[str]) -> int:
-    """``serve.run`` the Echo app as each ``NAME=ROUTE`` of ``specs`` says, recording each outcome
-    in ``out``. Returns 0 (a refused deployment is recorded, not raised)."""
+    """Deploy the Echo app as each ``NAME=ROUTE`` of ``specs`` says, recording each outcome in
+    ``out``. Returns 0 (a refused deployment is recorded, not raised).
+
+    ``serve.run`` would wait for the application to run, and never return when it is removed
+    before (its wait loop does not notice); so the deployment is sent without waiting and its
+    status polled here: ``returned`` is when it first runs (what ``serve.run`` returning means),
+    ``gone`` when it was removed before it ran (within RUN_WAIT_S).
+    """
+    from ray.serve.api import _run
+
     for spec in specs:
         name, _, route = spec.partition("=")
         prefix = None if route == "-" else route
         record: dict[str, object] = {"name": name, "route": prefix}
         try:
-            serve.run(Echo.bind(), name=name, route_prefix=prefix)  # type: ignore[attr-defined]
-            record["returned"] = time.time()
+            _run(Echo.bind(), _blocking=False, name=name, route_prefix=prefix)  # type: ignore[attr-defined]
+            record["sent"] = time.time()
+            record.update(_wait_running(name))
         except Exception as exc:  # Serve refuses some (a route another app holds): recorded
             record["error"] = repr(exc)[:500]
         with open(out, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record) + "\n")
     return 0
+
+
+def _wait_running(name: str) -> dict[str, object]:
+    """``{"returned": t}`` when ``name`` runs (epoch s), ``{"gone": t}`` when it is no longer this
+    job's imperative app first, ``{"timeout": RUN_WAIT_S}`` otherwise."""
+    deadline = time.monotonic() + RUN_WAIT_S
+    while time.monotonic() < deadline:
+        app = serve.status().applications.get(name)
+        if app is None or app.status in ("DELETING", "DEPLOY_FAILED"):
+            return {"gone": time.time()}
+        if app.status == "RUNNING":
+            return {"returned": time.time()}
+        time.sleep(POLL_S)
+    return {"timeout": RUN_WAIT_S}
 
 
 if __name__ == "__main__":
