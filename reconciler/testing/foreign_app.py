@@ -60,14 +60,18 @@ def deploy(out: str, specs: list[str]) -> int:
 
 
 def _wait_running(name: str) -> dict[str, object]:
-    """``{"returned": t}`` when ``name`` runs (epoch s), ``{"gone": t}`` when it is no longer this
-    job's imperative app first, ``{"timeout": RUN_WAIT_S}`` otherwise."""
+    """``{"returned": t}`` when this job's ``name`` runs (epoch s), ``{"gone": t}`` when it is no
+    longer this job's app first (deleted, failed, or taken over: it runs other deployments than
+    Echo), ``{"timeout": RUN_WAIT_S}`` otherwise."""
     deadline = time.monotonic() + RUN_WAIT_S
+    seen = False
     while time.monotonic() < deadline:
         app = serve.status().applications.get(name)
-        if app is None or app.status in ("DELETING", "DEPLOY_FAILED"):
+        ours = app is not None and "Echo" in app.deployments
+        seen = seen or ours
+        if app is None or app.status in ("DELETING", "DEPLOY_FAILED") or (seen and not ours):
             return {"gone": time.time()}
-        if app.status == "RUNNING":
+        if app.status == "RUNNING" and ours:
             return {"returned": time.time()}
         time.sleep(POLL_S)
     return {"timeout": RUN_WAIT_S}

@@ -222,13 +222,13 @@ def test_shadow_apps_go_and_argus_apps_come_back(env: Env, attacks: bool, tmp_pa
     for name in ("shadow-v1", "metrics-cache", ROUTER, MODEL_APP):
         record = records[name]
         assert "returned" in record or "gone" in record, record
-        since = record.get("returned", record["sent"])
+        since = record.get("returned", record["sent"])  # sent: an upper bound of its life
         end = watch.present_last[name] if name in SHADOWS else watch.imperative_last.get(name, since)
         label = name if name in SHADOWS else f"{name} (imperative)"
         lifetimes[label + ("" if "returned" in record else " (removed before it ran, from sent)")] = end - since
     restored_at = watch.restored(ROUTER, records[ROUTER]["sent"])
     assert restored_at is not None
-    restored_after = restored_at - records[ROUTER].get("returned", records[ROUTER]["sent"])
+    restored_after = restored_at - records[ROUTER].get("returned", records[ROUTER]["sent"])  # after it ran
     print(f"\nshadow lifetimes at --observe-interval {OBSERVE_INTERVAL} (s):", json.dumps(lifetimes, indent=1))
     print(f"{ROUTER} running as argus's again after {restored_after:.2f} s; job records: {json.dumps(records)}")
     assert all(v <= SHADOW_WINDOW_S for v in lifetimes.values()), lifetimes
