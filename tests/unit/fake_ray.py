@@ -9,6 +9,7 @@ applications are RUNNING and jobs PENDING as soon as they are accepted.
 
 from __future__ import annotations
 
+import collections
 import copy
 import io
 import json
@@ -19,6 +20,9 @@ from typing import Any
 from reconciler.dashboard import Dashboard, DashboardError, RayStream
 
 _JOB = re.compile(r"^/api/jobs/([^/]+)(/logs|/stop)?$")
+
+
+PUT_BODIES_KEPT = 8  # the last PUT bodies kept for tests (a soak sends thousands)
 
 
 class FakeRay(Dashboard):
@@ -36,7 +40,7 @@ class FakeRay(Dashboard):
         # Apps deployed with ``serve.run`` (name -> route prefix or None), as Ray 2.60 treats them: a
         # PUT that leaves one out does not touch it; a PUT that names one makes it declarative.
         self.imperative: dict[str, str | None] = {}
-        self.put_bodies: list[dict[str, Any]] = []
+        self.put_bodies: collections.deque[dict[str, Any]] = collections.deque(maxlen=PUT_BODIES_KEPT)
 
     def serve_run(self, name: str, route_prefix: str | None) -> None:
         """What a job's ``serve.run(app, name=name, route_prefix=route_prefix)`` leaves in Serve
