@@ -66,6 +66,7 @@ class Watch:
     imperative_first: dict[str, float] = field(default_factory=dict)
     imperative_last: dict[str, float] = field(default_factory=dict)
     present_last: dict[str, float] = field(default_factory=dict)
+    deleting_first: dict[str, float] = field(default_factory=dict)  # Serve drops the route then
     argus_running: dict[str, list[float]] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -79,6 +80,8 @@ class Watch:
             now = time.time()
             for name, app in apps.items():
                 self.present_last[name] = now
+                if app.get("status") == "DELETING":
+                    self.deleting_first.setdefault(name, now)
                 if app.get("source") == "imperative":
                     self.imperative_first.setdefault(name, now)
                     self.imperative_last[name] = now
@@ -232,7 +235,10 @@ def test_shadow_apps_go_and_argus_apps_come_back(env: Env, attacks: bool, tmp_pa
         since = record.get("returned", record["sent"])  # sent: an upper bound of its life
         end = watch.present_last[name] if name in SHADOWS else watch.imperative_last.get(name, since)
         label = name if name in SHADOWS else f"{name} (imperative)"
-        lifetimes[label + ("" if "returned" in record else " (removed before it ran, from sent)")] = end - since
+        label += "" if "returned" in record else " (removed before it ran, from sent)"
+        lifetimes[label] = end - since
+        if name in watch.deleting_first:
+            lifetimes[f"{label}: to DELETING"] = watch.deleting_first[name] - since
     restored_at = watch.restored(ROUTER, records[ROUTER]["sent"])
     assert restored_at is not None
     restored_after = restored_at - records[ROUTER].get("returned", records[ROUTER]["sent"])  # after it ran
