@@ -19,6 +19,7 @@ dashboard API, with no Ray client and no job.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
@@ -38,7 +39,7 @@ from reconciler.builders.serve import (
 from reconciler.dashboard import Dashboard, DashboardError
 from reconciler.errors import ApplyDeferred, ApplyRefused
 from reconciler.observe.serve import SERVE_APPS_PATH, ServeObservation
-from reconciler.plan.serve_kept import KeepDecision, ServeEvent, keep_decision, kept_digests
+from reconciler.plan.serve_kept import KeepDecision, ServeEvent, config_digest, keep_decision, kept_digests
 from reconciler.redact import redact
 from reconciler.spec.hashing import stable_hash
 from reconciler.spec.types import ClusterSpec, ObjectKey
@@ -201,8 +202,11 @@ def apply_serve(
     take-over is not raised: it is a ``failed`` event, retried after a back-off.
     """
     owned = owned_target(desired_owned_apps, observation, cluster, auth)
-    kept = memo.get("kept") if memo is not None else None
-    decision = decide_kept(owned, observation, cluster, kept if isinstance(kept, dict) else None)
+    found = memo.get("kept") if memo is not None else None
+    kept: dict[str, str] = found if isinstance(found, dict) else {}
+    last = memo.get("declared") if memo is not None else None
+    owned = _set_back(owned, observation, kept, last if isinstance(last, dict) else {})
+    decision = decide_kept(owned, observation, cluster, kept)
     target = _with_carried(owned, observation, decision)
     if memo is not None:
         memo["kept"] = kept_digests(
@@ -217,6 +221,8 @@ def apply_serve(
         events.extend(decision.events)
     take_over = _due_take_over(decision, memo, clock(), events)
     if not take_over and not needs_put(target, deployed_apps(observation)):
+        if memo is not None:  # it runs as argus declares it
+            memo["declared"] = {n: copy.deepcopy(a) for n, a in owned.items()}
         return False
     digest = stable_hash({n: normalise_app(a) for n, a in target.items()})
     if (
@@ -239,8 +245,29 @@ def apply_serve(
         kind = ApplyRefused if 400 <= exc.status < 500 else ApplyDeferred
         raise kind(f"Serve refused the application config: {exc}") from exc
     if memo is not None:
-        memo.update(digest=digest, time=clock())
+        memo.update(digest=digest, time=clock(), declared={n: copy.deepcopy(a) for n, a in owned.items()})
     return True
+
+
+def _set_back(
+    owned: dict[str, dict[str, Any]],
+    observation: ServeObservation,
+    kept: Mapping[str, str],
+    declared: Mapping[str, dict[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    """``owned`` with each app the caller carries as it runs (its config is the deployed one) set
+    back to the config argus last declared for it, when Serve ran that one (``kept``) and someone
+    changed it since (a model's ``runtime_env`` or engine arguments under the same spec hash).
+    Returns a new dict; ``owned`` is not changed. Pure."""
+    out = dict(owned)
+    for name, app in owned.items():
+        before, running = declared.get(name), observation.apps.get(name)
+        if before is None or running is None or normalise_app(app) != normalise_app(running):
+            continue  # not carried: argus sends its own config anyway
+        good = normalise_app(before)
+        if kept.get(name) == config_digest(good) and good != normalise_app(app):
+            out[name] = copy.deepcopy(before)
+    return out
 
 
 def take_over_app(name: str) -> dict[str, Any]:

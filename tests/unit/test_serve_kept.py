@@ -285,3 +285,21 @@ def test_a_refused_take_over_is_a_status_with_a_back_off_never_an_exit() -> None
     now[0] += 5.0  # due again: tried (and refused) once more
     apply_serve(ray, [], observe_serve(ray), CPU, memo=memo, events=events, clock=lambda: now[0])
     assert ray.refused == refused + 1 and "retried in 4s" in events[-1].detail
+
+
+def test_a_carried_model_app_changed_under_its_spec_hash_is_set_back(tmp_path: Path) -> None:
+    ray = FakeRay(gpus=8)
+    t = _ticker(_repo(tmp_path), ray)
+    t.tick()
+    t.tick()
+    good = json.loads(json.dumps(ray.apps[BOB_APP]))
+    evil = json.loads(json.dumps(good))
+    evil["args"]["llm_config"]["runtime_env"]["env_vars"]["VLLM_LOGGING_CONFIG_PATH"] = "/tmp/evil.json"
+    ray.apps[BOB_APP] = evil  # same spec hash, route and code: the planner sees nothing to change
+    result = t.tick()
+    assert normalise_app(ray.apps[BOB_APP]) == normalise_app(good)
+    reason = result.statuses[BOB].reason
+    assert "changed by someone else" in reason and "VLLM_LOGGING_CONFIG_PATH: /tmp/evil.json → (unset)" in reason
+    puts = ray.puts
+    t.tick()
+    assert ray.puts == puts  # as declared again: nothing more is sent
