@@ -126,7 +126,8 @@ def _with_carried(
     owned: Mapping[str, dict[str, Any]], observation: ServeObservation, decision: KeepDecision
 ) -> dict[str, dict[str, Any]]:
     carried = {n: a for n, a in observation.foreign_apps().items() if n in decision.carry}
-    return {**carried, **owned}
+    gone = decision.hold | decision.remove | decision.take_over
+    return {**carried, **{n: a for n, a in owned.items() if n not in gone}}
 
 
 @dataclass(frozen=True)

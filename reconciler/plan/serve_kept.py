@@ -73,13 +73,17 @@ class KeepDecision:
     """``carry``: foreign declarative apps a PUT carries as deployed; ``remove``: declarative apps
     the PUT leaves out (Serve deletes them); ``take_over``: imperative apps to remove (a PUT names
     them, which makes them declarative, and the next PUT leaves them out); ``restore``: argus apps
-    that run otherwise than argus declares (the PUT sends argus's config); ``events``: one per app
-    removed or restored, in name order."""
+    that run otherwise than argus declares (the PUT sends argus's config, in place); ``hold``: argus
+    apps the PUT leaves out this tick: being deleted, or running someone else's code, which a PUT of
+    argus's config would leave serving until argus's build is done (Serve keeps an app's old
+    deployments while it builds new ones), so they are removed first and deployed again once Serve
+    has deleted them; ``events``: one per app removed or restored, in name order."""
 
     carry: frozenset[str] = frozenset()
     remove: frozenset[str] = frozenset()
     take_over: frozenset[str] = frozenset()
     restore: frozenset[str] = frozenset()
+    hold: frozenset[str] = frozenset()
     events: tuple[ServeEvent, ...] = field(default_factory=tuple)
 
 
@@ -104,11 +108,14 @@ def keep_decision(
     remove: set[str] = set()
     take_over: set[str] = set()
     restore: set[str] = set()
+    hold: set[str] = set()
     events: list[ServeEvent] = []
     allowed_names = set(allowed)
     for name in sorted(seen):
         app = seen[name]
         if app.status == "DELETING":
+            if owned(name) and name in target:
+                hold.add(name)  # deployed again once Serve has deleted it
             continue
         where = f"route {app.route}" if app.route is not None else "no route"
         how = "an imperative serve.run app" if app.imperative else "a declarative app"
@@ -129,10 +136,34 @@ def keep_decision(
                 events.append(ServeEvent(name, "removed", f"{how} at {where} in argus's namespace, not declared"))
             continue
         why = _tampered(app, wanted, kept or {})
-        if why is not None:
-            restore.add(name)
-            events.append(ServeEvent(name, "restored", why))
-    return KeepDecision(frozenset(carry), frozenset(remove), frozenset(take_over), frozenset(restore), tuple(events))
+        if why is None:
+            continue
+        if app.imperative or _code(app.config or {}) != _code(wanted):
+            # Someone else's code runs under argus's name: removed now, deployed again when gone.
+            (take_over if app.imperative else remove).add(name)
+            hold.add(name)
+            why += " (removed first: deployed again once Serve has deleted it)"
+        else:
+            restore.add(name)  # the same code: Serve applies argus's config to it in place
+        events.append(ServeEvent(name, "restored", why))
+    return KeepDecision(
+        frozenset(carry),
+        frozenset(remove),
+        frozenset(take_over),
+        frozenset(restore),
+        frozenset(hold),
+        tuple(events),
+    )
+
+
+# The fields of an application config that Ray 2.60's code version covers (get_app_code_version):
+# a change of any of them makes Serve build the application anew, keeping the old deployments
+# serving until the build is done.
+CODE_FIELDS = ("import_path", "runtime_env", "args")
+
+
+def _code(config: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: config.get(k) for k in CODE_FIELDS}
 
 
 def _tampered(app: SeenApp, wanted: Mapping[str, Any], kept: Mapping[str, str]) -> str | None:
@@ -140,13 +171,11 @@ def _tampered(app: SeenApp, wanted: Mapping[str, Any], kept: Mapping[str, str]) 
     it does (or when the difference is argus's own change: the config argus last saw running is
     not the one it declares now)."""
     if app.imperative:
-        return f"replaced by an imperative serve.run app at {_route(app.route)}; deployed again as argus declares it"
+        return f"replaced by an imperative serve.run app at {_route(app.route)}"
     config = app.config or {}
     declared_route = wanted.get("route_prefix")
     if app.route is not None and app.route != declared_route:
-        return (
-            f"found at route {app.route} (argus gives it {_route(declared_route)}); deployed again as argus declares it"
-        )
+        return f"found at route {app.route} (argus gives it {_route(declared_route)})"
     digest = config_digest(wanted)
     if kept.get(app.name) == digest and config_digest(config) != digest:
         changes = field_diff(config, wanted)

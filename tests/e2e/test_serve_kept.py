@@ -67,6 +67,7 @@ class Watch:
     imperative_last: dict[str, float] = field(default_factory=dict)
     present_last: dict[str, float] = field(default_factory=dict)
     deleting_first: dict[str, float] = field(default_factory=dict)  # Serve drops the route then
+    echo_last: dict[str, float] = field(default_factory=dict)  # the job's code last deployed under the name
     argus_running: dict[str, list[float]] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -82,6 +83,8 @@ class Watch:
                 self.present_last[name] = now
                 if app.get("status") == "DELETING":
                     self.deleting_first.setdefault(name, now)
+                if "Echo" in (app.get("deployments") or {}):
+                    self.echo_last[name] = now
                 if app.get("source") == "imperative":
                     self.imperative_first.setdefault(name, now)
                     self.imperative_last[name] = now
@@ -233,8 +236,9 @@ def test_shadow_apps_go_and_argus_apps_come_back(env: Env, attacks: bool, tmp_pa
         record = records[name]
         assert "returned" in record or "gone" in record, record
         since = record.get("returned", record["sent"])  # sent: an upper bound of its life
-        end = watch.present_last[name] if name in SHADOWS else watch.imperative_last.get(name, since)
-        label = name if name in SHADOWS else f"{name} (imperative)"
+        # An argus name's shadow lives as long as the job's deployment runs under it.
+        end = watch.present_last[name] if name in SHADOWS else watch.echo_last.get(name, since)
+        label = name if name in SHADOWS else f"{name} (the job's deployment under it)"
         label += "" if "returned" in record else " (removed before it ran, from sent)"
         lifetimes[label] = end - since
         if name in watch.deleting_first:

@@ -99,24 +99,33 @@ def test_apps_being_deleted_are_left_to_finish() -> None:
 
 def test_argus_apps_replaced_by_serve_run_are_restored() -> None:
     d = decide([seen(ROUTER_APP, "/", imperative=True), seen(BOB_APP, "/argus", imperative=True)])
-    assert d.restore == {ROUTER_APP, BOB_APP} and not d.take_over  # the PUT names them: declarative again
-    assert all("imperative serve.run" in e.text() for e in d.events)
+    # Removed first (a PUT of argus's config would leave the job's deployments serving until argus's
+    # build is done), deployed again once Serve has deleted them.
+    assert d.take_over == d.hold == {ROUTER_APP, BOB_APP} and not d.restore
+    assert all("imperative serve.run" in e.text() and "removed first" in e.text() for e in d.events)
+    assert decide([seen(ROUTER_APP, "/", config=ROUTER, status="DELETING")]).hold == {ROUTER_APP}
 
 
 def test_an_argus_app_moved_to_a_route_is_restored_without_memory() -> None:
     moved = {**MODEL, "route_prefix": "/v1"}
     d = decide([seen(BOB_APP, "/v1", config=moved)])
     assert d.restore == {BOB_APP} and "route /v1" in d.events[0].detail and "no route" in d.events[0].detail
+    evil = {**moved, "import_path": "evil:app"}  # someone else's code: removed first
+    assert decide([seen(BOB_APP, "/v1", config=evil)]).remove == {BOB_APP}
 
 
 def test_a_changed_argus_app_is_restored_once_it_ran_as_declared() -> None:
     changed = {**ROUTER, "args": {"table": 99}}
     # Never seen running as declared (a restart, or argus's own change in flight): not an event.
     assert not decide([seen(ROUTER_APP, "/", config=changed)]).events
-    # Seen running as declared before: someone else changed it.
+    # Seen running as declared before: someone else changed it. Its code (args) changed: removed first.
     d = decide([seen(ROUTER_APP, "/", config=changed)], kept={ROUTER_APP: config_digest(ROUTER)})
-    assert d.restore == {ROUTER_APP}
+    assert d.remove == d.hold == {ROUTER_APP} and not d.restore
     assert "args.table: 99 → 3" in d.events[0].detail
+    # Only its deployments' settings changed (the same code): set back in place.
+    table = {**ROUTER, "deployments": [{"name": "ArgusRouter", "user_config": {"models": [["x", "y", "z", ""]]}}]}
+    d = decide([seen(ROUTER_APP, "/", config=table)], kept={ROUTER_APP: config_digest(ROUTER)})
+    assert d.restore == {ROUTER_APP} and not d.hold
 
 
 def test_argus_namespace_apps_argus_does_not_declare_go_only_with_a_route() -> None:
@@ -214,13 +223,15 @@ def test_a_tick_removes_shadow_apps_and_restores_argus_apps(tmp_path: Path, capl
         result = t.tick()
 
     assert not ray.imperative.keys() - {"offline"}
+    assert set(ray.apps) == {"batch"}  # argus's own replaced apps are removed first ...
+    take_over, final = ray.put_bodies[-2], ray.put_bodies[-1]
+    assert ray.puts == puts + 2  # the take-over, then the declared set
+    result = t.tick()  # ... and deployed again once Serve has deleted them
     assert set(ray.apps) == {ROUTER_APP, BOB_APP, "batch"}
     assert {n: normalise_app(ray.apps[n]) for n in declared} == declared  # restored exactly
-    assert ray.puts == puts + 2  # the take-over, then the declared set
-    take_over, final = ray.put_bodies[-2], ray.put_bodies[-1]
-    assert {a["name"] for a in take_over["applications"]} >= {"shadow", "shadowv1", "shadowargus"}
+    assert {a["name"] for a in take_over["applications"]} >= {"shadow", "shadowv1", "shadowargus", ROUTER_APP}
     assert all(a["import_path"] == TAKE_OVER_IMPORT_PATH for a in take_over["applications"] if "shadow" in a["name"])
-    assert {a["name"] for a in final["applications"]} == {ROUTER_APP, BOB_APP, "batch"}
+    assert {a["name"] for a in final["applications"]} == {"batch"}
     # Each event is on the object's status (bob's model) or in the status notes (router, foreign).
     bob = result.statuses[BOB]
     assert "restored" in bob.reason and "imperative serve.run" in bob.reason
@@ -233,7 +244,7 @@ def test_a_tick_removes_shadow_apps_and_restores_argus_apps(tmp_path: Path, capl
     # The events stay on the status for a while (a superseded status write cannot lose them) ...
     again = t.tick()
     assert "restored" in again.statuses[BOB].reason
-    assert ray.puts == puts + 2  # ... and nothing more is sent: Serve is as declared
+    assert ray.puts == puts + 3  # ... and nothing more is sent: Serve is as declared
 
 
 def test_allowed_apps_stay_with_their_routes(tmp_path: Path) -> None:
@@ -255,6 +266,8 @@ def test_a_tampered_model_config_with_its_spec_hash_is_deployed_again(tmp_path: 
     evil = {**good, "route_prefix": "/v1", "import_path": "evil:app"}  # same args, spec hash and all
     ray.apps[BOB_APP] = evil
     result = t.tick()
+    assert BOB_APP not in ray.apps  # someone else's code under bob's name: removed first
+    t.tick()
     assert normalise_app(ray.apps[BOB_APP]) == normalise_app(good)
     assert "restored" in result.statuses[BOB].reason and "route /v1" in result.statuses[BOB].reason
 
@@ -297,6 +310,7 @@ def test_a_carried_model_app_changed_under_its_spec_hash_is_set_back(tmp_path: P
     evil["args"]["llm_config"]["runtime_env"]["env_vars"]["VLLM_LOGGING_CONFIG_PATH"] = "/tmp/evil.json"
     ray.apps[BOB_APP] = evil  # same spec hash, route and code: the planner sees nothing to change
     result = t.tick()
+    t.tick()  # its args changed (a new build): removed first, deployed again on the next tick
     assert normalise_app(ray.apps[BOB_APP]) == normalise_app(good)
     reason = result.statuses[BOB].reason
     assert "changed by someone else" in reason and "VLLM_LOGGING_CONFIG_PATH: /tmp/evil.json → (unset)" in reason
