@@ -33,10 +33,6 @@ from reconciler.spec.types import ObjectKey
 MAX_EVENT_CHARS = 400
 # At most this many changed fields are listed in one "restored" event (the rest are counted).
 MAX_EVENT_FIELDS = 6
-# At most this many events are reported per tick (a job can deploy thousands of apps; the rest are
-# counted in one more line). Removal itself is not bounded by it: every app with a route goes.
-MAX_EVENTS = 20
-
 EventKind = Literal["removed", "restored", "failed"]
 
 
@@ -208,15 +204,6 @@ def kept_digests(
         ) == digest:
             out[name] = digest
     return out
-
-
-def event_lines(events: Collection[ServeEvent]) -> list[str]:
-    """Each event's line, at most MAX_EVENTS of them, the rest counted in one more line."""
-    ordered = list(events)
-    lines = [e.text() for e in ordered[:MAX_EVENTS]]
-    if len(ordered) > MAX_EVENTS:
-        lines.append(f"and {len(ordered) - MAX_EVENTS} more Serve applications removed or restored")
-    return lines
 
 
 def with_serve_events(

@@ -21,11 +21,9 @@ from reconciler.observe.serve import observe_serve
 from reconciler.plan.assess import ObjectStatus
 from reconciler.plan.serve_kept import (
     MAX_EVENT_CHARS,
-    MAX_EVENTS,
     SeenApp,
     ServeEvent,
     config_digest,
-    event_lines,
     keep_decision,
     kept_digests,
     with_serve_events,
@@ -147,8 +145,6 @@ def test_kept_digests_follow_what_runs_as_declared() -> None:
 def test_event_texts_are_bounded() -> None:
     long = ServeEvent("x" * 1000, "removed", "y" * 1000)
     assert len(long.text()) == MAX_EVENT_CHARS
-    lines = event_lines([ServeEvent(f"a{i}", "removed", "z") for i in range(MAX_EVENTS + 5)])
-    assert len(lines) == MAX_EVENTS + 1 and lines[-1].startswith("and 5 more")
 
 
 def test_events_go_on_the_model_status_or_into_the_notes() -> None:
