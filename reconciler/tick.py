@@ -47,6 +47,7 @@ from reconciler.plan.incremental import IncrementalPlanner
 from reconciler.plan.memory import AdmissionOrder, Memory
 from reconciler.plan.outcome import Outcome, with_outcomes
 from reconciler.plan.planner import plan as make_plan
+from reconciler.plan.serve_kept import with_serve_events
 from reconciler.source.revision import Revision, RevisionReader
 from reconciler.spec.types import DesiredState, ObjectKey
 from reconciler.status.documents import first_seen_of
@@ -227,6 +228,7 @@ def tick(
     )
     assessed = _assess_contained(desired, actual, plan, applied, parts.planner)
     statuses = explain(with_outcomes(assessed, applied.outcomes, desired.invalid), planned.held)
+    statuses, serve_notes = with_serve_events(statuses, applied.serve_events)
     result = TickResult(
         revision=revision.commit,
         desired=desired,
@@ -236,7 +238,7 @@ def tick(
         statuses=statuses,
         outcomes=applied.outcomes,
         serve_put=applied.serve_put,
-        notes=_notes(revision, observation, desired, plan),
+        notes=[*_notes(revision, observation, desired, plan), *serve_notes],
         subject=revision.subject,
         commit_time=revision.commit_time,
         spec_ids=revision.spec_ids,

@@ -19,7 +19,7 @@ from typing import Any
 
 from reconciler import faults
 from reconciler.apply.jobs import stop_job, submit_job
-from reconciler.apply.serve import apply_serve
+from reconciler.apply.serve import ServeEventLog, apply_serve
 from reconciler.backoff import Backoff
 from reconciler.builders.jobs import job_submission
 from reconciler.builders.serve import app_name, gate_config, model_access, model_app_config
@@ -38,6 +38,7 @@ from reconciler.observe.serve import ServeObservation
 from reconciler.plan.actions import Action, ActionType, Plan
 from reconciler.plan.actual import PREEMPTED, ActualJob, ActualState
 from reconciler.plan.outcome import Outcome
+from reconciler.plan.serve_kept import ServeEvent
 from reconciler.spec.hashing import task_spec_hash
 from reconciler.spec.types import ClusterSpec, DesiredState, ObjectKey, TaskSpec
 
@@ -61,6 +62,8 @@ class Applied:
     stopped: dict[str, str] = field(default_factory=dict)
     preempted: dict[ObjectKey, ObjectKey] = field(default_factory=dict)
     submitted: list[ActualJob] = field(default_factory=list)
+    # Serve applications removed or restored lately: (model key, or None: a status note; the line).
+    serve_events: tuple[tuple[ObjectKey | None, str], ...] = ()
 
     def note(self, key: ObjectKey, error: Outcome | None) -> None:
         """Record one step for ``key``: succeeded (None) or failed as ``error`` says."""
@@ -112,6 +115,7 @@ class Applier:
         self._retrying: dict[_Attempt, str] = {}
         self._backoff = Backoff()
         self._put_memo: dict[str, Any] = {}
+        self._serve_events = ServeEventLog()
 
     def apply(
         self,
@@ -154,7 +158,12 @@ class Applier:
 
     def memo_sizes(self) -> dict[str, int]:
         """How many entries each memo holds (the soak checks they stay bounded)."""
-        return {"refused": len(self._refused), "retrying": len(self._retrying), "backoff": len(self._backoff)}
+        return {
+            "refused": len(self._refused),
+            "retrying": len(self._retrying),
+            "backoff": len(self._backoff),
+            "serve_events": len(self._serve_events),
+        }
 
     def _due(self, out: Applied, plan: Plan, actual: ActualState) -> list[Action]:
         """The submissions of ``plan`` to send now; the others (refused for good, in back-off, or
@@ -331,10 +340,15 @@ class Applier:
             apps[name], holders[name] = app, key
             touched.append(key)
 
+        events: list[ServeEvent] = []
+
         def put() -> None:
-            out.serve_put = apply_serve(self.dash, list(apps.values()), serve, desired.cluster, memo=self._put_memo)
+            out.serve_put = apply_serve(
+                self.dash, list(apps.values()), serve, desired.cluster, memo=self._put_memo, events=events
+            )
 
         error = _try(put)
+        out.serve_events = self._serve_events.record(events, time.time())
         self._publish_gate(desired, list(apps.values()))
         if out.serve_put:
             faults.point("serve_put")

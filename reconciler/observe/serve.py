@@ -13,9 +13,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconciler.builders.serve import LLM_DEPLOYMENT_PREFIX, OWNED_PREFIX, ROUTER_APP, is_owned_app, parse_app_name
+from reconciler.builders.serve import (
+    LLM_DEPLOYMENT_PREFIX,
+    MODEL_IMPORT_PATH,
+    OWNED_PREFIX,
+    ROUTER_APP,
+    is_owned_app,
+    normalise_app,
+    parse_app_name,
+)
 from reconciler.dashboard import Dashboard
 from reconciler.plan.actual import ActualModel
+from reconciler.plan.serve_kept import SeenApp
 from reconciler.spec.types import ClusterSpec, ObjectKey
 
 SERVE_APPS_PATH = "/api/serve/applications/"
@@ -29,7 +38,8 @@ class ServeObservation:
     (owned and foreign), by name; ``statuses``: every application's status (imperative
     ``serve.run`` apps too); ``building``: apps whose code is still being imported and built
     (a PUT that includes them restarts that build, even with an unchanged config);
-    ``imperative``: apps deployed with ``serve.run`` (no config; a PUT never touches them);
+    ``imperative``: apps deployed with ``serve.run`` (no config; a PUT that names one makes it
+    declarative); ``routes``: every application's HTTP route (None: none), imperative ones too;
     ``http_options``/``proxy_location``: those of the running Serve instance (None before
     Serve starts); ``replica_ids``: RUNNING replica ids per application, for tests and logs.
     """
@@ -41,6 +51,7 @@ class ServeObservation:
     building: frozenset[str] = frozenset()
     building_since: dict[str, float] = field(default_factory=dict)
     imperative: frozenset[str] = frozenset()
+    routes: dict[str, str | None] = field(default_factory=dict)
     replica_ids: dict[str, tuple[str, ...]] = field(default_factory=dict)
     http_options: dict[str, Any] | None = None
     proxy_location: str | None = None
@@ -51,8 +62,23 @@ class ServeObservation:
         return self.http_options is not None
 
     def foreign_apps(self) -> dict[str, dict[str, Any]]:
-        """Declarative apps argus does not own, as deployed (to carry through a PUT unchanged)."""
+        """Declarative apps argus does not own, as deployed. A PUT carries only those that
+        :func:`reconciler.plan.serve_kept.keep_decision` keeps (no route, or allowed)."""
         return {n: a for n, a in self.apps.items() if not is_owned_app(n)}
+
+    def seen_apps(self) -> dict[str, SeenApp]:
+        """Every application Serve lists (imperative ones too), as the keep decision reads it:
+        route, kind, normalised config and status, by name."""
+        return {
+            name: SeenApp(
+                name=name,
+                route=self.routes.get(name),
+                imperative=name in self.imperative,
+                config=normalise_app(self.apps[name]) if name in self.apps else None,
+                status=status,
+            )
+            for name, status in self.statuses.items()
+        }
 
     @property
     def router_status(self) -> str | None:
@@ -95,6 +121,7 @@ def parse_serve_details(details: Mapping[str, Any]) -> ServeObservation:
     building: set[str] = set()
     building_since: dict[str, float] = {}
     imperative: set[str] = set()
+    routes: dict[str, str | None] = {}
     replica_ids: dict[str, tuple[str, ...]] = {}
     # Ray writes this body, but every ``deployed_app_config`` holds what a PUT sent, and code on
     # the cluster can PUT anything under any name: each value is type-checked, never trusted.
@@ -111,9 +138,15 @@ def parse_serve_details(details: Mapping[str, Any]) -> ServeObservation:
             if isinstance(r, Mapping) and r.get("state") == "RUNNING"
         )
         config = app.get("deployed_app_config")
+        live = app.get("route_prefix")
+        routes[name] = live if isinstance(live, str) else None
         if app.get("source") == "imperative" or not isinstance(config, Mapping):
             imperative.add(name)
             continue
+        if routes[name] is None:
+            # Still being built: the route its config asks for (Serve's default "/") is live soon.
+            declared = config.get("route_prefix", "/")
+            routes[name] = declared if isinstance(declared, str) else None
         if statuses[name] == "DEPLOYING" and not deployments:
             # The build task (import + builder call) has not produced deployments yet.
             building.add(name)
@@ -131,6 +164,7 @@ def parse_serve_details(details: Mapping[str, Any]) -> ServeObservation:
         building=frozenset(building),
         building_since=building_since,
         imperative=frozenset(imperative),
+        routes=routes,
         replica_ids=replica_ids,
         http_options=dict(http) if isinstance(http := details.get("http_options"), Mapping) else None,
         proxy_location=proxy if isinstance(proxy := details.get("proxy_location"), str) else None,
@@ -158,6 +192,10 @@ def _actual_model(name: str, app: Mapping[str, Any], config: Mapping[str, Any]) 
     user, model_name = parsed
     served = meta.get("served_name") or _mapping(llm.get("model_loading_config")).get("model_id", "")
     spec_hash = meta.get("spec_hash", "")
+    if config.get("import_path") != MODEL_IMPORT_PATH or config.get("route_prefix", "/") is not None:
+        # Not the code or the route argus gives a model (someone else PUT it): whatever its args
+        # claim, the planner deploys argus's config again (reconciler/plan/serve_kept.py reports it).
+        spec_hash = ""
     deployments = _mapping(app.get("deployments"))
     llm_dep = _llm_deployment(deployments)
     ready = 0

@@ -454,6 +454,10 @@ def _read(path: str, content: bytes, kind: str) -> tuple[Document | None, list[I
     return doc, schema.validate(doc, kind)
 
 
+# Every Serve application argus owns is named ``argus…`` (reconciler/builders/serve.py): such a name
+# cannot be allowed to another application (serving.allowed_apps).
+ARGUS_APP_NAMESPACE = "argus"
+
 # Said by the errors after which a file is not read further (what follows would be meaningless).
 STOPPED = " (the rest of this file is checked once this is fixed)"
 
@@ -479,6 +483,8 @@ def cluster_from(data: Mapping[str, Any]) -> ClusterSpec:
         serving_data["default_access"] = tuple(serving_data["default_access"])
     if "limits" in serving_data:
         serving_data["limits"] = Limits(**(serving_data["limits"] or {}))
+    if "allowed_apps" in serving_data:
+        serving_data["allowed_apps"] = tuple(serving_data["allowed_apps"] or ())
     serving = Serving(**serving_data)
     training_data = dict(data.get("training", {}))
     if "driver_resources" in training_data:
@@ -559,6 +565,16 @@ def scheduling_issues(cluster: ClusterSpec, doc: Document) -> list[Issue]:
             doc, ("serving", "default_access"), cluster, (doc.data.get("serving") or {}).get("default_access")
         )
     )
+    for i, name in enumerate(cluster.serving.allowed_apps):
+        if name.startswith(ARGUS_APP_NAMESPACE):
+            out.append(
+                _at(
+                    doc,
+                    ("serving", "allowed_apps", i),
+                    f"{name!r} is in argus's own namespace ({ARGUS_APP_NAMESPACE}*): argus keeps its "
+                    "applications as it declares them and never lets another take their names",
+                )
+            )
     classes = cluster.priority_classes
     seen: dict[str, str] = {}
     for name, team in sorted(cluster.teams.items()):

@@ -150,6 +150,9 @@ class Serving:
     # None: everyone with an API key. Enforced only with a keys file (argus daemon --api-keys).
     default_access: tuple[str, ...] | None = None
     limits: Limits = field(default_factory=Limits)
+    # Serve applications argus does not own that may keep an HTTP route (a job's ``serve.run`` or
+    # PUT): every other foreign app with a route is removed on the next tick (reconciler/plan/serve_kept.py).
+    allowed_apps: tuple[str, ...] = ()
 
 
 # verl tasks save every this many optimizer steps unless cluster.yaml says otherwise: what a preempted

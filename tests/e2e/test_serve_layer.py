@@ -109,7 +109,10 @@ def served(env: Env) -> set[str]:
 def env(ray_head: Any, tiny_llama: Path) -> Iterator[Env]:
     require("ray.serve.llm", "vllm", "openai")
     cluster = ClusterSpec(
-        serving=Serving(accelerator="cpu", http_port=ray_head.serve_port, cpus_per_replica=1.0),
+        # The foreign app has an HTTP route: argus removes such apps unless cluster.yaml allows them.
+        serving=Serving(
+            accelerator="cpu", http_port=ray_head.serve_port, cpus_per_replica=1.0, allowed_apps=(FOREIGN["name"],)
+        ),
         env={"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
     )
     e = Env(

@@ -9,6 +9,7 @@ applications are RUNNING and jobs PENDING as soon as they are accepted.
 
 from __future__ import annotations
 
+import collections
 import copy
 import io
 import json
@@ -19,6 +20,9 @@ from typing import Any
 from reconciler.dashboard import Dashboard, DashboardError, RayStream
 
 _JOB = re.compile(r"^/api/jobs/([^/]+)(/logs|/stop)?$")
+
+
+PUT_BODIES_KEPT = 8  # the last PUT bodies kept for tests (a soak sends thousands)
 
 
 class FakeRay(Dashboard):
@@ -33,6 +37,16 @@ class FakeRay(Dashboard):
         self.puts = 0
         self.submits = 0
         self.http_options: dict[str, Any] | None = None
+        # Apps deployed with ``serve.run`` (name -> route prefix or None), as Ray 2.60 treats them: a
+        # PUT that leaves one out does not touch it; a PUT that names one makes it declarative.
+        self.imperative: dict[str, str | None] = {}
+        self.put_bodies: collections.deque[dict[str, Any]] = collections.deque(maxlen=PUT_BODIES_KEPT)
+
+    def serve_run(self, name: str, route_prefix: str | None) -> None:
+        """What a job's ``serve.run(app, name=name, route_prefix=route_prefix)`` leaves in Serve
+        (it replaces a declarative app of the same name)."""
+        self.apps.pop(name, None)
+        self.imperative[name] = route_prefix
 
     def request(self, method: str, path: str, body: Any = None, *, timeout: float | None = None) -> Any:
         if body is not None:
@@ -89,6 +103,18 @@ class FakeRay(Dashboard):
                 "deployed_app_config": copy.deepcopy(config),
                 "deployments": deployments,
                 "last_deployed_time_s": 0.0,
+                "route_prefix": config.get("route_prefix", "/"),
+            }
+        for name, route in self.imperative.items():
+            apps[name] = {
+                "name": name,
+                "status": "RUNNING",
+                "message": "",
+                "source": "imperative",
+                "deployed_app_config": None,
+                "deployments": {"Shadow": {"status": "HEALTHY", "replicas": [{"state": "RUNNING", "replica_id": "s"}]}},
+                "last_deployed_time_s": 0.0,
+                "route_prefix": route,
             }
         return {"applications": apps, "http_options": self.http_options, "proxy_location": "EveryNode"}
 
@@ -97,8 +123,11 @@ class FakeRay(Dashboard):
         if len(names) != len(set(names)):
             raise DashboardError("PUT", "/api/serve/applications/", 400, "Application names must be unique")
         self.puts += 1
+        self.put_bodies.append(body)
         self.http_options = body.get("http_options")
         self.apps = {a["name"]: a for a in body["applications"]}
+        for name in names:  # named: declarative from now on (Ray's apply_app_config)
+            self.imperative.pop(name, None)
 
     def _submit(self, body: dict[str, Any]) -> dict[str, Any]:
         sid = body["submission_id"]

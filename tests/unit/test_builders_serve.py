@@ -188,12 +188,17 @@ def test_observer_parses_owned_foreign_and_imperative() -> None:
 
 def test_apply_decision() -> None:
     app = model_app_config(spec(), CPU, "/p", "h")
-    foreign = {"name": "other", "import_path": "x:y"}
+    foreign = {"name": "other", "import_path": "x:y", "route_prefix": None}  # no HTTP route: carried
     running = {app["name"]: app, "argus-router": router_app_config(CPU, [app]), "other": foreign}
     obs = parse_serve_details(details(running))
     target = target_apps([app], obs, CPU)
     assert set(target) == {app["name"], "argus-router", "other"}
     assert not needs_put(target, obs.apps)
+    # With a route (Serve's default "/" when unset) it goes, unless cluster.yaml allows it.
+    routed = parse_serve_details(details({**running, "other": {"name": "other", "import_path": "x:y"}}))
+    assert set(target_apps([app], routed, CPU)) == {app["name"], "argus-router"}
+    allowing = replace(CPU, serving=replace(CPU.serving, allowed_apps=("other",)))
+    assert set(target_apps([app], routed, allowing)) == {app["name"], "argus-router", "other"}
     assert needs_put(target_apps([], obs, CPU), obs.apps)  # removing the model
     with pytest.raises(ValueError):
         target_apps([foreign], obs, CPU)

@@ -181,7 +181,8 @@ class Repo:
         cluster = {
             "kind": "Cluster",
             "paths": {"common": str(root / "hf"), "users": self.users},
-            "serving": {"accelerator": "cpu", "http_port": 8000, "cpus_per_replica": 1},
+            # FOREIGN has a route: carried only because the admin allows it by name.
+            "serving": {"accelerator": "cpu", "http_port": 8000, "cpus_per_replica": 1, "allowed_apps": ["team-x"]},
             "training": {"driver_resources": {"worker_node": 1}},
         }
         self.cluster = yaml.safe_dump(cluster).encode()

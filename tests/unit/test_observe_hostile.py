@@ -77,7 +77,8 @@ def test_an_argus_named_app_with_malformed_args_never_stops_a_tick(
 ) -> None:
     repo = _repo(tmp_path, mallory_model=mallory_model)
     ray = FakeRay(foreign_apps={BAD_NAME: dict(name=BAD_NAME, **MALFORMED_ARGS[case])}, gpus=8)
-    result = _reconciler(repo, ray).tick()
+    rec = _reconciler(repo, ray)
+    result = rec.tick()
 
     # Everyone else's work is applied in the same tick.
     assert ray.submits == 1 and any(sid.startswith("argus--alice--a--") for sid in ray.jobs)
@@ -89,6 +90,9 @@ def test_an_argus_named_app_with_malformed_args_never_stops_a_tick(
     kinds = {a.type for a in result.plan.for_key(MALLORY)}
     if mallory_model:
         assert ActionType.UPDATE_MODEL in kinds
+        # Someone else's code under argus's name: removed first, argus's config deployed once it is gone.
+        assert BAD_NAME not in ray.apps
+        rec.tick()
         deployed = ray.apps[BAD_NAME]["args"]
         assert deployed["argus"]["spec_hash"] and deployed["llm_config"]["placement_group_config"]["bundles"]
     else:
@@ -97,7 +101,7 @@ def test_an_argus_named_app_with_malformed_args_never_stops_a_tick(
 
 
 def test_a_foreign_app_with_odd_deployments_is_carried_unchanged(tmp_path: Path) -> None:
-    odd = {"name": "team-x", "import_path": "x:y", "args": [1], "deployments": ["a"]}
+    odd = {"name": "team-x", "import_path": "x:y", "route_prefix": None, "args": [1], "deployments": ["a"]}
     repo = _repo(tmp_path, mallory_model=False)
     ray = FakeRay(foreign_apps={"team-x": odd}, gpus=8)
     _reconciler(repo, ray).tick()

@@ -322,7 +322,7 @@ def test_the_link_folder_is_the_daemons_once_and_again(tmp_path: Path) -> None:
     subprocess.run(["bash", "-c", call], env=env, check=True)
     folder = link.parent.stat()
     assert folder.st_uid == uid and folder.st_mode & 0o777 == 0o700
-    assert "install -d -o \"$daemon_uid\"" not in function.group(0), "install -d chmods after chown"
+    assert 'install -d -o "$daemon_uid"' not in function.group(0), "install -d chmods after chown"
 
 
 def test_self_service_api_keys_are_written_by_the_git_server_and_read_by_the_daemon_only() -> None:
