@@ -126,7 +126,7 @@ class Link:
         self.dir = tempfile.mkdtemp(prefix="argus-bench-link-", dir="/tmp")  # short: a socket path
         self.path = os.path.join(self.dir, "link.sock")
         self.meter = Meter()
-        self._thread = SiteThread(lambda: serve_link(self.meter, lambda: (1, config), self.path), "bench-link")
+        self._thread = SiteThread(lambda: serve_link(self.meter, lambda: ("bench.1", config), self.path), "bench-link")
         self._thread.start()
 
     def requests(self) -> int:

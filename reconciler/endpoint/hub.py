@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -63,16 +64,18 @@ class EndpointHub:
         self._thread: SiteThread | None = None
         self._bind_failed_at = float("-inf")
         self._lock = threading.Lock()
+        self._epoch = uuid.uuid4().hex[:12]  # a restarted daemon's gates are new to every endpoint
         self._version = 0
         self._config: dict[str, Any] | None = None
         self._link_thread: SiteThread | None = None
         if listen is not None:
             parse_listen(listen, 1)  # a malformed setting fails at start, not at the first tick
 
-    def gate(self) -> tuple[int, dict[str, Any] | None]:
-        """``(version, config)`` of the latest gate config (version 0, None: none yet)."""
+    def gate(self) -> tuple[str, dict[str, Any] | None]:
+        """``(version, config)`` of the latest gate config (None: none yet); the version is
+        ``<epoch>.<count>``, this daemon's random epoch and how many gates it made."""
         with self._lock:
-            return self._version, self._config
+            return f"{self._epoch}.{self._version}", self._config
 
     def publish(self, config: dict[str, Any], cluster: ClusterSpec) -> None:
         """Take this tick's gate config; start the endpoint on the first call. Never raises: a port

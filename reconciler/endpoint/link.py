@@ -7,8 +7,9 @@ endpoint processes). Both travel over HTTP on a Unix socket in a folder that onl
 and the endpoints' containers mount (compose volume ``argus-link``): no Ray job can reach it, and
 nothing on it is ever sent into Ray.
 
-- ``GET /gate?after=N``: ``{"version", "config"}`` when the daemon's gate version is above ``N``,
-  else ``204`` at once (endpoints poll every GATE_POLL_S);
+- ``GET /gate?have=V``: ``{"version", "config"}`` when the daemon's gate version is not ``V``, else
+  ``204`` at once (endpoints poll every GATE_POLL_S). A version is ``<daemon epoch>.<count>``: a
+  restarted daemon's first gate is new to every endpoint, whatever it counted before;
 - ``POST /sync``: the endpoint's deltas (``Counters.take``), answered with the meter's windows.
 """
 
@@ -36,16 +37,12 @@ MAX_GATE_BYTES = 256 * 1024 * 1024  # one gate config (100,000 keys and models)
 SOCKET_MODE = 0o660  # the daemon's and the endpoints' uid (and group) only
 
 
-def link_application(meter: Meter, gate: Callable[[], tuple[int, Any]]) -> web.Application:
+def link_application(meter: Meter, gate: Callable[[], tuple[str, Any]]) -> web.Application:
     """The daemon's side: ``meter`` syncs, ``gate()`` returns ``(version, config)``."""
 
     async def get_gate(request: web.Request) -> web.Response:
         version, config = gate()
-        try:
-            after = int(request.query.get("after", "-1"))
-        except ValueError:
-            after = -1
-        if version <= after or config is None:
+        if config is None or request.query.get("have") == version:
             return web.Response(status=204)
         return web.json_response({"version": version, "config": config})
 
@@ -64,7 +61,7 @@ def link_application(meter: Meter, gate: Callable[[], tuple[int, Any]]) -> web.A
     return app
 
 
-async def serve_link(meter: Meter, gate: Callable[[], tuple[int, Any]], path: str) -> web.AppRunner:
+async def serve_link(meter: Meter, gate: Callable[[], tuple[str, Any]], path: str) -> web.AppRunner:
     """Serve the link on the Unix socket ``path`` (a stale socket file there is replaced); returns
     the runner. Raises OSError when the socket cannot be made."""
     if os.path.exists(path):
@@ -101,10 +98,10 @@ class LinkClient:
             raise ValueError("the meter's answer is not a mapping")
         return answer
 
-    async def gate(self, after: int) -> tuple[int, Any] | None:
-        """The daemon's gate config when newer than version ``after`` (None: not newer). Raises on
-        any failure."""
-        async with self._client().get("http://daemon/gate", params={"after": str(after)}) as resp:
+    async def gate(self, have: str) -> tuple[str, Any] | None:
+        """The daemon's gate config when its version is not ``have`` (None: the same). Raises on any
+        failure."""
+        async with self._client().get("http://daemon/gate", params={"have": have}) as resp:
             if resp.status == 204:
                 return None
             resp.raise_for_status()
@@ -112,17 +109,18 @@ class LinkClient:
         if len(body) > MAX_GATE_BYTES:
             raise ValueError("the gate config is too large")
         doc = json.loads(body)
-        return int(doc["version"]), doc["config"]
+        return str(doc["version"]), doc["config"]
 
     async def follow(self, endpoint: Endpoint) -> None:
         """Publish each newer gate config to ``endpoint``, for ever (failures logged, retried)."""
-        version, failing = -1, False
+        version, failing = "", False
         while True:
             try:
                 got = await self.gate(version)
                 if got is not None:
                     version, config = got
                     endpoint.publish(config)
+                    log.info("argus endpoint: took the daemon's gate %s", version)
                 if failing:
                     log.info("argus endpoint: the daemon's link answers again")
                 failing = False

@@ -606,7 +606,13 @@ def test_restart_and_recreate_the_head(env: Env) -> None:
         wait_for(env.stack.healthy, "the daemon after " + how[0], timeout=300)
         # The daemon keeps running through the head's restart, so its status branch says RUNNING until it
         # notices: only answers through the (new) head's OpenAI endpoint say the models are back.
-        wait_for(lambda: answers(env, MODEL_A) and answers(env, MODEL_B), "both models answer", timeout=900, every=5)
+        try:
+            wait_for(
+                lambda: answers(env, MODEL_A) and answers(env, MODEL_B), "both models answer", timeout=900, every=5
+            )
+        except AssertionError as exc:
+            logs = env.stack.compose("logs", "--no-color", "--tail", "40", "endpoint", "argus", check=False).stdout
+            raise AssertionError(f"{exc}\n{logs}") from None
         wait_for(lambda: env.running(MODEL_A) and env.running(MODEL_B), "both models back", timeout=300, every=5)
         env.timings[f"{how[0]}_head_s"] = time.monotonic() - started
         # A new Ray head has no job history: any run listed now would be a re-run.
