@@ -119,7 +119,7 @@ def test_a_changed_argus_app_is_restored_once_it_ran_as_declared() -> None:
     # Seen running as declared before: someone else changed it. Its code (args) changed: removed first.
     d = decide([seen(ROUTER_APP, "/", config=changed)], kept={ROUTER_APP: config_digest(ROUTER)})
     assert d.remove == d.hold == {ROUTER_APP} and not d.restore
-    assert "args.table: 99 → 3" in d.events[0].detail
+    assert "args.table: 99 → 4" in d.events[0].detail
     # Only its deployments' settings changed (the same code): set back in place.
     table = {**ROUTER, "deployments": [{"name": "ArgusRouter", "user_config": {"models": [["x", "y", "z", ""]]}}]}
     d = decide([seen(ROUTER_APP, "/", config=table)], kept={ROUTER_APP: config_digest(ROUTER)})
@@ -139,7 +139,7 @@ def test_kept_digests_follow_what_runs_as_declared() -> None:
     # Tampered now: the entry stays while argus declares the same config; a new config drops it.
     tampered = {ROUTER_APP: seen(ROUTER_APP, "/", config={**ROUTER, "args": {}})}
     assert kept_digests(tampered, target, kept) == kept
-    assert kept_digests(tampered, {ROUTER_APP: {**ROUTER, "args": {"table": 4}}}, kept) == {}
+    assert kept_digests(tampered, {ROUTER_APP: {**ROUTER, "args": {"table": 5}}}, kept) == {}
 
 
 def test_event_texts_are_bounded() -> None:
