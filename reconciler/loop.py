@@ -22,6 +22,7 @@ from typing import Any
 
 from reconciler.backoff import Backoff
 from reconciler.errors import RayUnavailable, SourceUnavailable, TemporaryError
+from reconciler.observe.serve_watch import ServeWatch
 from reconciler.observe.usage import PULL_INTERVAL_S, UsageRecorder
 from reconciler.plan.memory import Memory
 from reconciler.redact import Redactor
@@ -79,6 +80,7 @@ class Daemon:
         *,
         observe_interval: float = 5.0,
         fetch_interval: float = 15.0,
+        serve_watch: float = 0.0,
         usage_interval: float = PULL_INTERVAL_S,
         metrics: Metrics | None = None,
         lease: Lease | None = None,
@@ -87,6 +89,7 @@ class Daemon:
     ) -> None:
         self.writer = writer
         self.observe_interval = observe_interval
+        self.serve_watch = serve_watch  # seconds between Serve reads between ticks (0: none; run() only)
         self.fetch_interval = fetch_interval
         self.metrics = metrics or Metrics()
         self.lease = lease
@@ -213,6 +216,8 @@ class Daemon:
         """Tick until ``stop`` is set. Never raises for source or Ray outages: backs off."""
         tune_gc()
         backoff = 0.0
+        if self.serve_watch > 0:
+            ServeWatch(self.parts.dash, self.wake.set, self.stop, self.serve_watch).start()
         self.wake.set()
         while not self.stop.is_set():
             pushed = self.wake.wait(timeout=backoff or self.observe_interval)

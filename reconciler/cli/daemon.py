@@ -130,6 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         observe_interval=args.observe_interval,
         fetch_interval=args.fetch_interval,
         usage_interval=args.usage_interval,
+        serve_watch=args.serve_watch_interval,
         # Named by host and listen address: no two live daemons share it (the address is bound),
         # and a daemon restarted after kill -9 takes its own lease back at once.
         lease=Lease(source, f"{socket.gethostname()}:{args.listen}", ttl=max(30.0, 6 * args.observe_interval)),
@@ -346,6 +347,14 @@ def add_parsers(sub: Any) -> None:
         type=float,
         default=float(_env("OBSERVE_INTERVAL", "5") or 5),
         help="seconds between observations of Ray (default: 5) [ARGUS_OBSERVE_INTERVAL]",
+    )
+    d.add_argument(
+        "--serve-watch-interval",
+        type=float,
+        default=float(_env("SERVE_WATCH_INTERVAL", "1") or 1),
+        help="seconds between reads of Serve's application list between ticks: a job's shadow application "
+        "or a take-over of argus's wakes a tick at once, so it lives about this long plus a tick (default: 1; "
+        "0: only the ticks look) [ARGUS_SERVE_WATCH_INTERVAL]",
     )
     d.add_argument(
         "--fetch-interval",
