@@ -155,7 +155,7 @@ class Bench:
             {
                 "kind": "Cluster",
                 "paths": {"common": str(hf_cache), "users": str(users)},
-                "serving": {"accelerator": "cpu", "http_port": head.serve_port, "cpus_per_replica": 1},
+                "serving": {"accelerator": "cpu", "internal_http_port": head.serve_port, "cpus_per_replica": 1},
                 "env": {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
             },
         )

@@ -111,7 +111,7 @@ def env(ray_head: Any, tiny_llama: Path) -> Iterator[Env]:
     cluster = ClusterSpec(
         # The foreign app has an HTTP route: argus removes such apps unless cluster.yaml allows them.
         serving=Serving(
-            accelerator="cpu", http_port=ray_head.serve_port, cpus_per_replica=1.0, allowed_apps=(FOREIGN["name"],)
+            accelerator="cpu", internal_http_port=ray_head.serve_port, cpus_per_replica=1.0, allowed_apps=(FOREIGN["name"],)
         ),
         env={"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
     )
@@ -146,9 +146,9 @@ def test_observation_and_capacity(env: Env) -> None:
     assert actual.served_name == CHAT.served_name
     assert actual.spec_hash == model_spec_hash(CHAT, env.cluster)
     assert dict(actual.resources_per_replica) == {"CPU": 1.0}
-    assert obs.http_options and obs.http_options["port"] == env.cluster.serving.http_port
+    assert obs.http_options and obs.http_options["port"] == env.cluster.serving.internal_http_port
     assert obs.settings_mismatch(env.cluster) == []
-    other = replace(env.cluster, serving=replace(env.cluster.serving, http_port=1))
+    other = replace(env.cluster, serving=replace(env.cluster.serving, internal_http_port=1))
     assert "only at first start" in obs.settings_mismatch(other)[0]
     cap = observe_capacity(env.dash)
     assert cap.total == {"CPU": 8.0, "GPU": 2.0, "worker_node": 4.0}

@@ -155,7 +155,7 @@ def deploy_foreign(dash: Dashboard, serve_port: int) -> None:
     """Someone else deploys an app out of band, the careful way: GET everything, add theirs, PUT."""
     obs = observe_serve(dash)
     apps = [a for n, a in obs.apps.items() if n != FOREIGN_NAME]
-    cluster = ClusterSpec(serving=Serving(accelerator="cpu", http_port=serve_port))
+    cluster = ClusterSpec(serving=Serving(accelerator="cpu", internal_http_port=serve_port))
     dash.put("/api/serve/applications/", serve_config([*apps, FOREIGN], cluster))
 
 

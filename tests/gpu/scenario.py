@@ -123,7 +123,7 @@ def cluster_doc(
         "kind": "Cluster",
         "users": {USER: {"gpus": gpus}},
         "paths": {"common": str(root / "hf"), "users": str(root / "users")},
-        "serving": {"accelerator": "gpu", "http_port": serve_port},
+        "serving": {"accelerator": "gpu", "internal_http_port": serve_port},
         "training": {"rollout": "vllm", "checkpoint_every_steps": CADENCE},
         "env": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1", **(env or {})},
     }
