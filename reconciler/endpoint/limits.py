@@ -396,7 +396,7 @@ class MeterState:
                 self.rows = {k: v for k, v in self.rows.items() if k[0] != hour}
 
     def usage(self, now: float) -> dict[str, Any]:
-        """The contract's ``GET /argus/usage`` answer: ``{"epoch", "now", "rows"}``, rows cumulative
+        """The meter's usage document: ``{"epoch", "now", "rows"}``, rows cumulative
         since the epoch, sorted by hour, user, app, of the last KEEP_HOURS hours."""
         self._prune_rows(now)
         return {

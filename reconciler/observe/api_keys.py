@@ -24,7 +24,6 @@ needs a key one of them lists. :func:`known_users` drops the keys of users ``clu
 from __future__ import annotations
 
 import hashlib
-import hmac
 import logging
 import os
 import re
@@ -39,15 +38,8 @@ SHA256_RE = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
 def key_hash(key: str) -> str:
-    """The sha256 hex of ``key``: what the keys file and the router hold of it."""
+    """The sha256 hex of ``key``: what the keys file and the endpoint hold of it."""
     return hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
-
-
-def daemon_key(ownership_key: bytes) -> str:
-    """The daemon's own API key: it probes every model through the router (reconciler.observe.probe),
-    private ones too. Derived from the ownership key (secret, kept across restarts), so it never
-    changes the router's table on a restart and never appears in a file."""
-    return "argus-daemon-" + hmac.new(ownership_key, b"argus router: the daemon's API key", hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)

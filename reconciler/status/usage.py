@@ -2,7 +2,7 @@
 
 Two kinds of rows, per UTC hour (docs/design/usage.md has the format and its limits):
 
-- token rows, from the router's meter (``GET /argus/usage``): cumulative counts per (meter epoch,
+- token rows, from the endpoint's meter (reconciler/endpoint/meter.py): cumulative counts per (meter epoch,
   hour, user, model). The meter restarts with a new random epoch; within one epoch a count only
   grows, so merging is "the latest value per (epoch, hour, user, model) wins", and a total is the
   sum over epochs. Merging the same answer twice, or after a daemon restart that read the
@@ -347,7 +347,7 @@ class Ledger:
         self._age(clock)
 
     def merge_tokens(self, answer: object, now: float | None = None) -> int:
-        """Merge one answer of the router's ``GET /argus/usage``: per (epoch, hour, user, model)
+        """Merge one usage document of the endpoint's meter: per (epoch, hour, user, model)
         the latest cumulative value wins. Returns how many rows changed; malformed rows, negative
         counts, hours outside ``[now - ANSWER_PAST_HOURS, now + FUTURE_S]`` (``now``: the
         ledger's clock when not given, never the answer's own) and rows of applications that

@@ -111,7 +111,10 @@ def env(ray_head: Any, tiny_llama: Path) -> Iterator[Env]:
     cluster = ClusterSpec(
         # The foreign app has an HTTP route: argus removes such apps unless cluster.yaml allows them.
         serving=Serving(
-            accelerator="cpu", internal_http_port=ray_head.serve_port, cpus_per_replica=1.0, allowed_apps=(FOREIGN["name"],)
+            accelerator="cpu",
+            internal_http_port=ray_head.serve_port,
+            cpus_per_replica=1.0,
+            allowed_apps=(FOREIGN["name"],),
         ),
         env={"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
     )

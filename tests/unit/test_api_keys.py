@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.observe import api_keys
-from reconciler.observe.api_keys import KeysFile, KeysFiles, daemon_key, key_hash, known_users, parse_keys, split_paths
+from reconciler.observe.api_keys import KeysFile, KeysFiles, known_users, parse_keys, split_paths
 
 
 def sha(key: str) -> str:
@@ -92,13 +92,6 @@ def test_bad_lines_are_logged_once_per_change(tmp_path: Path, caplog: pytest.Log
         keys.read()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 21 and warnings[0].startswith(f"{path}:1: ") and "30 more" in warnings[-1]
-
-
-def test_the_daemons_key_is_stable_secret_and_not_a_user() -> None:
-    """Derived from the ownership key: the same across restarts (no router update), another per cluster."""
-    assert daemon_key(b"k" * 32) == daemon_key(b"k" * 32) != daemon_key(b"j" * 32)
-    assert key_hash(daemon_key(b"k" * 32)) == sha(daemon_key(b"k" * 32))
-    assert b"k" * 32 not in daemon_key(b"k" * 32).encode()
 
 
 def test_doctor_takes_the_routers_401_for_an_answer(monkeypatch: pytest.MonkeyPatch) -> None:
