@@ -248,18 +248,27 @@ class Endpoint:
             )
         except (aiohttp.ClientError, TimeoutError) as exc:
             return _unavailable(exc)
-        try:
-            if up.headers.get("Content-Type", "").startswith("text/event-stream"):
+        if up.headers.get("Content-Type", "").startswith("text/event-stream"):
+            try:
                 return await self._stream(request, up, strip, user, app, subjects, cap)
+            finally:
+                up.release()
+        try:
             answer = await up.content.read(MAX_ANSWER_BYTES + 1)
-            if len(answer) > MAX_ANSWER_BYTES:
-                return _error(502, "The model's answer is too large.", "BadGateway")
-            self._count_answer(answer, up.status, user, app, subjects, cap)
-            return web.Response(body=answer, status=up.status, headers=_answer_headers(up))
         except (aiohttp.ClientError, TimeoutError) as exc:
             return _unavailable(exc)
         finally:
             up.release()
+        if len(answer) > MAX_ANSWER_BYTES:
+            return _error(502, "The model's answer is too large.", "BadGateway")
+        out = web.Response(body=answer, status=up.status, headers=_answer_headers(up))
+        try:  # sent here, not by aiohttp after the handler: what the client never got is not billed
+            await out.prepare(request)
+            await out.write_eof()
+        except ConnectionResetError:  # the client left first (aiohttp's ClientConnectionResetError too)
+            return out
+        self._count_answer(answer, up.status, user, app, subjects, cap)
+        return out
 
     def _count_answer(
         self, answer: bytes, status: int, user: str, app: str, subjects: list[str], cap: tuple[int, int]

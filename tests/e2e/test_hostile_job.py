@@ -271,7 +271,12 @@ def test_a_hostile_job_decides_nothing_for_alice_and_bob(env: Env, attacks: bool
 
     for user, got in calls.items():
         expect = (got.requests, got.prompt, got.completion)
-        wait_for(lambda u=user, e=expect: recorded(u) == e, f"{user}'s usage on the status branch", timeout=120)
+        outcomes = {o: sum(1 for *_, x in got.results if x == o) for o in {x for *_, x in got.results}}
+        what = f"{user}'s usage on the status branch to be {expect} (the client's answers: {outcomes})"
+        try:
+            wait_for(lambda u=user, e=expect: recorded(u) == e, what, timeout=120)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; recorded {recorded(user)}") from None
     env.repo.remove(TASK)
     env.repo.commit_push("bob: no more training")
     wait_for(lambda: not env.status(TASK), "bob's task gone", timeout=120)

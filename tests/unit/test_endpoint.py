@@ -85,6 +85,7 @@ class Upstream:
             await out.write(b"data: [DONE]\n\n")
             await out.write_eof()
             return out
+        await asyncio.sleep(self.pause)
         return web.json_response({"choices": [{"text": "Paris"}], "model": body["model"], "usage": self.usage})
 
 
@@ -483,3 +484,26 @@ def test_a_client_leaving_a_stream_is_no_serve_outage(caplog: pytest.LogCaptureF
     with caplog.at_level("WARNING", logger="argus"):
         run(test)
     assert not [r for r in caplog.records if "did not answer" in r.getMessage()], caplog.text
+
+
+def test_an_answer_the_client_left_before_is_not_billed() -> None:
+    """A client that gives up (its timeout) never received the answer: it is not billed, and the next
+    one is."""
+
+    async def test() -> None:
+        async with serving(GATE) as (url, upstream, meter):
+            upstream.pause = 1.0
+            body = {"model": CHAT_ALIAS, "prompt": "x", "max_tokens": 8}
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.3)) as session:
+                with pytest.raises(TimeoutError):
+                    await session.post(
+                        url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {BOB_KEY}"}
+                    )
+            await asyncio.sleep(1.5)  # the answer came, with nobody to take it
+            upstream.pause = 0.0
+            assert (await call(url, "/v1/completions", BOB_KEY, body))[0] == 200
+            await asyncio.sleep(0.7)
+            (row,) = meter.usage()["rows"]
+            assert (row["requests"], row["prompt_tokens"], row["completion_tokens"]) == (1, 5, 3)
+
+    run(test)
