@@ -73,7 +73,9 @@ class Env:
     def client(self, key: str) -> Any:
         from openai import OpenAI
 
-        return OpenAI(base_url=f"{self.daemon.openai_url}/v1", api_key=key, max_retries=0, timeout=60)
+        # Longer than anything the endpoint and Serve hold a request for while the router is restored, so
+        # that a client gives up only on what never answers.
+        return OpenAI(base_url=f"{self.daemon.openai_url}/v1", api_key=key, max_retries=0, timeout=300)
 
 
 @dataclass
@@ -272,9 +274,17 @@ def test_a_hostile_job_decides_nothing_for_alice_and_bob(env: Env, attacks: bool
     for user, got in calls.items():
         expect = (got.requests, got.prompt, got.completion)
         outcomes = {o: sum(1 for *_, x in got.results if x == o) for o in {x for *_, x in got.results}}
+        # A request the client gave up on just as its answer was sent may be billed: at most one per
+        # time-out (an answer handed to the network is the client's; docs/design/usage.md).
+        gave_up = outcomes.get("APITimeoutError", 0)
+
+        def matches(u: str = user, e: tuple[int, int, int] = expect, k: int = gave_up) -> bool:
+            got_ = recorded(u)
+            return got_ == e if k == 0 else e[0] <= got_[0] <= e[0] + k and got_[1] >= e[1] and got_[2] >= e[2]
+
         what = f"{user}'s usage on the status branch to be {expect} (the client's answers: {outcomes})"
         try:
-            wait_for(lambda u=user, e=expect: recorded(u) == e, what, timeout=120)
+            wait_for(matches, what, timeout=120)
         except AssertionError as exc:
             raise AssertionError(f"{exc}; recorded {recorded(user)}") from None
     env.repo.remove(TASK)
