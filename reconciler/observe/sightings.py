@@ -40,7 +40,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from reconciler.plan.actual import ActualJob
+from reconciler.plan.actual import PREEMPTED, ActualJob
 
 log = logging.getLogger("argus")
 
@@ -132,7 +132,9 @@ class RunSightings:
     def _seeded(record: RunRecord, now: float) -> _Seen:
         """A run first seen by this process: what the record proves, and this sighting."""
         known = [t for t in (record.seen_running, record.seen_ended) if t is not None]
-        final = record.status if record.status in RAY_FINAL and record.seen_ended is not None else None
+        # A preempted run is recorded as argus's PREEMPTED: Ray's record of it said STOPPED.
+        recorded = "STOPPED" if record.status == PREEMPTED else record.status
+        final = recorded if recorded in RAY_FINAL and record.seen_ended is not None else None
         return _Seen(
             first=min([now, *known]),
             running=record.seen_running,
