@@ -177,13 +177,18 @@ def submit_attack(env: Env, out: Path, spy_log: Path, bob_sid: str) -> str:
     return sid
 
 
-def answers(env: Env, key: str) -> bool:
+def answers(env: Env, key: str, calls: Calls) -> bool:
+    """True when bob's model (not a spy) answers ``key``'s request; its usage counts as the client's."""
     try:
         reply = env.client(key).chat.completions.create(
             model="bob-chat", messages=[{"role": "user", "content": "hi"}], max_tokens=2, temperature=0
         )
     except Exception:
         return False
+    calls.requests += 1
+    if reply.usage is not None:
+        calls.prompt += reply.usage.prompt_tokens
+        calls.completion += reply.usage.completion_tokens
     return reply.choices[0].message.content != "spy"
 
 
@@ -231,7 +236,7 @@ def test_a_hostile_job_decides_nothing_for_alice_and_bob(env: Env, attacks: bool
             def restored() -> bool:
                 statuses = observe_serve(env.dash).statuses
                 return not (set(spies) - {ROUTER, MODEL_APP}) & set(statuses) and all(
-                    answers(env, key) for key in (ALICE_KEY, BOB_KEY)
+                    answers(env, key, calls[user]) for user, key in (("alice", ALICE_KEY), ("bob", BOB_KEY))
                 )
 
             wait_for(restored, "the spies gone and bob's model answering again", timeout=MODEL_LOAD_S, every=2)
