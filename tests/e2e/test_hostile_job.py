@@ -87,6 +87,15 @@ class Calls:
     requests: int = 0
     prompt: int = 0
     completion: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, usage: Any) -> None:
+        """One answered request and its usage (two threads add: the client's and the test's checks)."""
+        with self.lock:
+            self.requests += 1
+            if usage is not None:
+                self.prompt += usage.prompt_tokens
+                self.completion += usage.completion_tokens
 
 
 def hammer(client: Any, model: str, calls: Calls, stop: threading.Event) -> None:
@@ -100,10 +109,7 @@ def hammer(client: Any, model: str, calls: Calls, stop: threading.Event) -> None
                 model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0
             )
             outcome = "200"
-            calls.requests += 1
-            if reply.usage is not None:
-                calls.prompt += reply.usage.prompt_tokens
-                calls.completion += reply.usage.completion_tokens
+            calls.add(reply.usage)
         except openai.APIStatusError as exc:
             outcome = str(exc.status_code)
         except openai.APIError as exc:
@@ -185,10 +191,7 @@ def answers(env: Env, key: str, calls: Calls) -> bool:
         )
     except Exception:
         return False
-    calls.requests += 1
-    if reply.usage is not None:
-        calls.prompt += reply.usage.prompt_tokens
-        calls.completion += reply.usage.completion_tokens
+    calls.add(reply.usage)
     return reply.choices[0].message.content != "spy"
 
 
