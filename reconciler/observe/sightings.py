@@ -77,6 +77,7 @@ class _Seen:
     ended: float | None = None  # first seen in a final state
     status: str | None = None  # the final status first seen
     end: float | None = None  # the end believed then: what a later rewrite cannot move
+    submitted: float | None = None  # when argus submitted it, once a record said (kept: the record may go)
     reported: set[str] = field(default_factory=set)  # disagreement kinds already logged
 
 
@@ -167,7 +168,10 @@ class RunSightings:
             seen.last_running = max(seen.last_running or asked, asked)
         elif status in RAY_FINAL:
             seen.ended, seen.status = now, status
-        submitted = record.submitted_at
+        # Kept once read: the record goes with its task's file (a user deletes the task to stop it).
+        if record.submitted_at is not None:
+            seen.submitted = record.submitted_at
+        submitted = seen.submitted
         # Started: not before argus submitted it (or, without that record, its earliest sighting),
         # not after argus first saw it in Ray.
         # Without a submission on record (a run recorded before argus kept one, or submitted by a

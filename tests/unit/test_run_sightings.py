@@ -123,6 +123,16 @@ def test_a_start_time_of_1970_is_billed_from_argus_own_submission(caplog: pytest
     assert list(docs) == ["usage/2026-12-05.json"]
 
 
+def test_the_submission_bound_holds_after_the_task_and_its_record_are_gone() -> None:
+    """Bob deletes his task to stop it: its status document (the run's record) goes, Ray still lists
+    the stopping run with its forged 1970 start. The bound this daemon read stays."""
+    s = RunSightings()
+    s.see([job("RUNNING", T0 + 1)], RECORD, T0 + 5)
+    (gone,) = s.see([job("STOPPED", 1.0, T0 + 600)], {}, T0 + 601)  # no record any more
+    assert gone.start_time == int(T0 * 1000)
+    assert billed([gone], T0 + 700) <= 601 * 2.0
+
+
 def test_a_start_after_argus_saw_it_running_is_not_believed(caplog: pytest.LogCaptureFixture) -> None:
     """The other way round: bob rewrites his own record's start to now, to be billed nothing."""
     caplog.set_level(logging.INFO, logger="argus")
