@@ -111,6 +111,7 @@ class MeterClient:
         self._task: asyncio.Task[None] | None = None
         self._failing = False
         self._synced_at = float("-inf")  # monotonic end of the last sync the meter answered
+        self._closed = False
 
     def stale(self, limits: Limits | None) -> bool:
         """True when requests are limited and this process's copy of the meter's windows is older
@@ -122,7 +123,8 @@ class MeterClient:
         """One sync, waited for at most FRESHEN_TIMEOUT_S (the request is decided either way)."""
         self._traffic()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.sync(), timeout=FRESHEN_TIMEOUT_S)
+            async with asyncio.timeout(FRESHEN_TIMEOUT_S):
+                await self.sync()
 
     def admit(self, limits: Limits | None, user: str, team: str | None) -> list[str]:
         """Count one request of ``user`` (of ``team``) and return the subjects it counts under;
@@ -192,7 +194,7 @@ class MeterClient:
         if now > self._busy_until:
             self._wake.set()
         self._busy_until = now + BUSY_FOR_S
-        if self._link is not None and (self._task is None or self._task.done()):
+        if self._link is not None and not self._closed and (self._task is None or self._task.done()):
             with contextlib.suppress(RuntimeError):  # outside an event loop (plain unit tests) nothing syncs
                 self._task = asyncio.get_running_loop().create_task(self._loop())
 
@@ -216,7 +218,8 @@ class MeterClient:
             deltas = self.counters.take()
             answer: dict[str, Any] | None = None
             try:
-                answer = await asyncio.wait_for(self._link(deltas), timeout=SYNC_TIMEOUT_S)
+                async with asyncio.timeout(SYNC_TIMEOUT_S):
+                    answer = await self._link(deltas)
             except Exception as exc:
                 if not self._failing:
                     log.warning("argus endpoint: the meter did not answer (%r): limiting with local counts", exc)
@@ -231,5 +234,16 @@ class MeterClient:
             return answer is not None
 
     async def flush(self) -> bool:
-        """Sync now (the endpoint's shutdown, and tests that read usage right after requests)."""
+        """Sync now (tests that read usage right after requests); returns whether the meter answered."""
+        return await self.sync()
+
+    async def close(self) -> bool:
+        """Stop the background sync, then send what is still unsynced (the endpoint's shutdown);
+        returns whether the meter answered that last sync."""
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._closed = True  # a straggling request's count is synced by nobody: no new loop after this
         return await self.sync()

@@ -136,7 +136,7 @@ class Endpoint:
         if self._session is not None:
             await self._session.close()
             self._session = None
-        await self.meter.flush()
+        await self.meter.close()
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

@@ -191,7 +191,8 @@ class ArgusIngress(OpenAiIngress):
             except Exception:  # keep serving the last known models; log and retry
                 logger.exception("argus router: refreshing models failed")
             with contextlib.suppress(TimeoutError):  # a new table wakes it early; else the safety refresh
-                await asyncio.wait_for(self._wake.wait(), timeout=self._refresh_s)
+                async with asyncio.timeout(self._refresh_s):
+                    await self._wake.wait()
 
     async def _read_since(self, since: float) -> bool:
         """Wait until a read of Serve that started at or after ``since`` (monotonic) has ended,
@@ -260,7 +261,8 @@ class ArgusIngress(OpenAiIngress):
         """A route to ``entry`` once its replica confirms the model id (None: it names another)."""
         handle: DeploymentHandle = serve.get_deployment_handle(entry.deployment, app_name=entry.app)
         # Bounded: a replica that does not answer must not stall the refresh (and requests).
-        llm_config = await asyncio.wait_for(handle.llm_config.remote(), timeout=LLM_CONFIG_TIMEOUT_S)
+        async with asyncio.timeout(LLM_CONFIG_TIMEOUT_S):
+            llm_config = await handle.llm_config.remote()
         if llm_config is None or llm_config.model_id != entry.model_id:
             return None  # being redeployed under another id: the next refresh sees it settled
         alias_card = to_model_metadata(entry.alias, llm_config) if entry.alias else None
@@ -295,7 +297,8 @@ class ArgusIngress(OpenAiIngress):
             raise _unavailable(model)
         self._waiting += 1
         try:
-            read = await asyncio.wait_for(self._read_since(time.monotonic()), timeout=MISS_WAIT_S)
+            async with asyncio.timeout(MISS_WAIT_S):
+                read = await self._read_since(time.monotonic())
         except TimeoutError:
             read = False
         finally:

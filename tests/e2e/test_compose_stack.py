@@ -35,7 +35,7 @@ from reconciler.testing import docker
 from reconciler.testing.compose import ROOT, Stack, http_get, prepare, wait_for
 from reconciler.testing.tiny_model import TINY_REPO, generate_tiny_llama
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]  # its first test builds every image (cold in CI)
 
 STATUS = "argus/status"
 MODEL_A = "users/alice/models/chat.yaml"

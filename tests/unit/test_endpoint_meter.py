@@ -166,3 +166,23 @@ def test_the_background_sync_runs_while_busy_and_stops_when_idle(monkeypatch: py
         client._task.cancel()
 
     asyncio.run(scenario())
+
+
+def test_stopping_the_background_sync_as_the_meter_answers_ends_it() -> None:
+    """The background sync cancelled as the meter answers (an endpoint's shutdown, asyncio.run's
+    end) stops: Python 3.11's ``asyncio.wait_for`` let the answer win and lost the cancellation, and
+    the loop then waited for traffic forever, hanging whatever stopped it."""
+
+    async def test() -> None:
+        meter = Meter()
+        for attempt in range(200):
+            client = MeterClient(meter.link)
+            client.admit(None, "bob", None)  # traffic: starts the background sync
+            for _ in range(attempt % 7):
+                await asyncio.sleep(0)
+            stopped = asyncio.get_running_loop().create_task(client.close())
+            done, _ = await asyncio.wait({stopped}, timeout=5)
+            assert done, f"attempt {attempt}: the background sync did not stop"
+            assert stopped.result() is True
+
+    asyncio.run(test())
