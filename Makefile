@@ -57,8 +57,9 @@ sysdeps:
 		else echo "install chromium chromium-driver openssh-server rsync docker.io docker-compose debootstrap (Debian packages) to run every test"; fi; \
 	fi
 
+# --durations=20: the slowest twenty tests, listed at the end of every run (docs/contributing.md).
 test: lint sysdeps
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=20
 
 demo: venv
 	$(BIN)/argus demo
