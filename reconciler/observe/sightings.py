@@ -230,9 +230,9 @@ class RunSightings:
             status=status,
             start_time=int(start * 1000) if start is not None else None,
             end_time=end_ms if final else None,
-            submitted_at=int(submitted) if submitted is not None else None,
-            seen_running=int(seen.running) if seen.running is not None else None,
-            seen_ended=int(seen.ended) if seen.ended is not None else None,
+            submitted_at=_to_ms(submitted),
+            seen_running=_to_ms(seen.running),
+            seen_ended=_to_ms(seen.ended),
         )
         if status != "SUCCEEDED":
             bounded = replace(bounded, hf_checkpoint=None)  # served only from a believed success
@@ -257,11 +257,22 @@ class RunSightings:
         return replace(bounded, message=message)
 
 
+def _to_ms(value: float | None) -> float | None:
+    """``value`` (epoch seconds) to the millisecond a run record keeps (None stays None)."""
+    return None if value is None else round(value, 3)
+
+
 def parse_time(value: object) -> float | None:
-    """A run record's ``%Y-%m-%dT%H:%M:%SZ`` time as UTC epoch seconds (None: absent or malformed)."""
-    if not isinstance(value, str) or len(value) != 20:
+    """A run record's time as UTC epoch seconds: ``%Y-%m-%dT%H:%M:%SZ``, or with milliseconds
+    (``...:%S.mmmZ``, what the daemon's own sightings are kept in: a bound rounded to the second
+    would cut up to a second off a run's GPU-seconds). None: absent or malformed."""
+    if not isinstance(value, str) or len(value) not in (20, 24):
+        return None
+    whole, _, frac = value[:-1].partition(".")
+    if len(value) == 24 and not (len(frac) == 3 and frac.isdigit()):
         return None
     try:
-        return float(calendar.timegm(time.strptime(value, "%Y-%m-%dT%H:%M:%SZ")))
+        seconds = float(calendar.timegm(time.strptime(whole + "Z", "%Y-%m-%dT%H:%M:%SZ")))
     except ValueError:
         return None
+    return seconds + (int(frac) / 1000.0 if frac else 0.0)

@@ -85,13 +85,13 @@ class ActualJob:
     spec: Mapping[str, Any] | None = None  # the task spec it was submitted with (field-level diffs)
     checkpoint_step: int | None = None  # a running run's newest checkpoint step (its run folder's tracker)
     resumed_from_step: int | None = None  # a resumed attempt: the checkpoint step it resumed from (0: none)
-    # The run's life as the daemon itself saw it (UTC epoch seconds, its own clock; None: not
+    # The run's life as the daemon itself saw it (UTC epoch seconds to the millisecond, its own clock; None: not
     # seen): when argus recorded it before submitting it, when it first saw it RUNNING and when it
     # first saw it ended. Transition times, kept in the run record (reconciler/observe/sightings.py);
     # start_time and end_time are Ray's, bounded by these.
-    submitted_at: int | None = None
-    seen_running: int | None = None
-    seen_ended: int | None = None
+    submitted_at: float | None = None
+    seen_running: float | None = None
+    seen_ended: float | None = None
 
     @property
     def active(self) -> bool:

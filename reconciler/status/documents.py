@@ -161,7 +161,7 @@ def _seen(job: ActualJob) -> dict[str, str]:
     for name in SEEN_FIELDS:
         value = getattr(job, name)
         if value is not None:
-            out[name] = _iso(value)
+            out[name] = _iso_ms(value)
     return out
 
 
@@ -211,6 +211,14 @@ def _ms(value: int | None) -> str | None:
     import datetime as _dt
 
     return _dt.datetime.fromtimestamp(value / 1000, tz=_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _iso_ms(epoch: float) -> str:
+    """``epoch`` as ``%Y-%m-%dT%H:%M:%SZ``, with milliseconds where it has any (a sighting bounds
+    Ray's times, which are milliseconds: rounded to the second, it would cut a run short)."""
+    ms = round(epoch * 1000)
+    whole = _iso(ms // 1000)
+    return whole if ms % 1000 == 0 else f"{whole[:-1]}.{ms % 1000:03d}Z"
 
 
 def _iso(epoch: int) -> str:

@@ -232,6 +232,28 @@ def test_a_restarted_daemon_bounds_by_the_record() -> None:
     assert again["runs"][0]["seen_ended"] == _iso(T0 + 105)
 
 
+def test_a_short_run_is_billed_its_exact_time_before_and_after_a_restart() -> None:
+    """Ray's times are milliseconds, and so are the sightings that bound them: a run that ends
+    between two whole seconds is billed Ray's end minus Ray's start, by the daemon that saw it and
+    by one restarted from its record. (Sightings kept to the second cut up to a second off: CI saw
+    a 1.578 s run billed 1.467 s.)"""
+    start, end, seen_end = T0 + 1.234, T0 + 2.812, T0 + 2.901
+    s = RunSightings()
+    s.see([job("RUNNING", start)], RECORD, T0 + 1.5)
+    (done,) = s.see([job("SUCCEEDED", start, end)], RECORD, seen_end)
+    assert done.seen_ended == pytest.approx(seen_end)
+    assert billed([done], T0 + 3600) == pytest.approx((end - start) * 2.0, abs=0.002)
+    st = ObjectStatus(TASK, "SUCCEEDED", "Synced", submission_id=SID, runs=(done,))
+    recorded = {"object": str(TASK), "runs": [{"submission_id": SID, "status": "SUBMITTED", "submitted_at": _iso(T0)}]}
+    kw: dict[str, Any] = {"revision": "r", "applied": True, "now": "x", "endpoint": "", "log_tails": {}}
+    doc = object_document(st, recorded, checkpoints={}, **kw)
+    (run,) = doc["runs"]
+    assert run["submitted_at"] == _iso(T0)  # a whole second stays written as one
+    assert run["seen_ended"] == _iso(T0 + 2)[:-1] + ".901Z"
+    (after,) = RunSightings().see([job("SUCCEEDED", start, end)], recorded_times({TASK.path: doc}), T0 + 60)
+    assert billed([after], T0 + 3600) == pytest.approx((end - start) * 2.0, abs=0.002)
+
+
 # -- through the observer, with a fake Ray -----------------------------------------------------------
 
 
