@@ -7,12 +7,12 @@ log lines, metrics) in :mod:`reconciler.report`.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 from reconciler.apply.applier import Applier, RecordRuns
 from reconciler.apply.ownership import load_or_create_key
-from reconciler.dashboard import Dashboard
+from reconciler.dashboard import Clusters, Dashboard
 from reconciler.endpoint.hub import EndpointHub
 from reconciler.fscache import CachedFS
 from reconciler.loop import Daemon
@@ -78,6 +78,7 @@ def build_parts(
     api_keys: str | Sequence[str] | None = None,
     endpoint_listen: str | None = None,
     endpoint_link: str | None = None,
+    serving_dashboard: Callable[[str, str | None], Dashboard] | None = None,
 ) -> Parts:
     """The parts that reconcile ``branch`` of ``source`` with the Ray cluster behind ``dash``.
 
@@ -94,7 +95,9 @@ def build_parts(
     admin's and the git server's self-service one (:mod:`reconciler.observe.api_keys`; none: the OpenAI
     endpoint is open); ``endpoint_listen``: where this process serves the OpenAI endpoint (``auto``:
     cluster.yaml's ``serving.http_port``; ``HOST:PORT``; None: not here) and ``endpoint_link``: the Unix
-    socket ``argus endpoint`` processes are served on (None: none); with neither, no endpoint (one tick).
+    socket ``argus endpoint`` processes are served on (None: none); with neither, no endpoint (one tick);
+    ``serving_dashboard`` makes the dashboard of cluster.yaml's ``serving.ray_address`` from its
+    address and token (default: :class:`~reconciler.dashboard.Dashboard`; tests give a stand-in).
 
     Raises ValueError for a malformed ``endpoint_listen``."""
     key_files = split_paths(api_keys)
@@ -109,19 +112,22 @@ def build_parts(
         state_dir=state_dir,
     )
     secrets = dict(secrets_env) if secrets_env is not None else secrets_from_environment()
+    # Tasks on ``dash``; models on cluster.yaml's serving.ray_address when it names one.
+    clusters = Clusters(dash, make=serving_dashboard)
     hub = None
     if endpoint_listen is not None or endpoint_link is not None:
-        hub = EndpointHub(partial(serve_proxy_url, dash, serve_url), listen=endpoint_listen, link=endpoint_link)
+        hub = EndpointHub(partial(serve_proxy_url, clusters, serve_url), listen=endpoint_listen, link=endpoint_link)
     return Parts(
         branch=branch,
         revisions=revisions,
-        observer=Observer(dash, key, serve_url),
+        observer=Observer(dash, key, serve_url, clusters=clusters),
         applier=Applier(
             dash,
             secrets_env=secrets,
             ownership_key=key,
             api_keys=KeysFiles(key_files).read if key_files else None,
             gate=hub.publish if hub is not None else None,
+            clusters=clusters,
         ),
         status_docs=status_docs or partial(trusted_documents, source.repo.path, STATUS_BRANCH, key),
         record_runs=record_runs,
@@ -130,7 +136,8 @@ def build_parts(
     )
 
 
-def serve_proxy_url(dash: Dashboard, serve_url: str | None, cluster: ClusterSpec) -> str:
+def serve_proxy_url(clusters: Clusters, serve_url: str | None, cluster: ClusterSpec) -> str:
     """Ray Serve's own proxy, where the endpoint forwards and the prober asks: ``serve_url`` when
-    one is given, else the dashboard's host at ``serving.internal_http_port``."""
+    one is given, else the serving cluster's dashboard host at ``serving.internal_http_port``."""
+    dash = clusters.serving(cluster.serving.ray_address)
     return (serve_url or serve_url_beside(dash.base_url, cluster.serving.internal_http_port)).rstrip("/")

@@ -16,37 +16,90 @@ import http.client
 import json
 import os
 import socket
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from reconciler.errors import ArgusError, RayUnavailable
 from reconciler.errors import DashboardError as DashboardError  # raised here; callers catch it from here
 
 
-def token_from_env(environ: dict[str, str] | None = None) -> str | None:
+def token_from_env(environ: Mapping[str, str] | None = None) -> str | None:
     """The Ray auth token configured for argus: ``ARGUS_RAY_TOKEN``, ``RAY_AUTH_TOKEN``, or the file
     ``RAY_AUTH_TOKEN_PATH`` names (the variables Ray itself reads); None when none is set.
 
     Raises ArgusError when ``RAY_AUTH_TOKEN_PATH`` names a file that cannot be read or is empty: a token
     that was meant to be sent must not silently be left out.
     """
+    return _token(environ, ("ARGUS_RAY_TOKEN", "RAY_AUTH_TOKEN"), "RAY_AUTH_TOKEN_PATH", "the Ray auth token")
+
+
+def serving_token_from_env(environ: Mapping[str, str] | None = None) -> str | None:
+    """The Ray auth token of the serving cluster (cluster.yaml's ``serving.ray_address``):
+    ``ARGUS_SERVING_RAY_TOKEN``, or the file ``ARGUS_SERVING_RAY_TOKEN_PATH`` names; None when
+    neither is set (nothing is sent). The jobs cluster's token is never sent there: a cluster of its
+    own is one whose jobs' token cannot reach the models.
+
+    Raises ArgusError when the file cannot be read or is empty."""
+    return _token(environ, ("ARGUS_SERVING_RAY_TOKEN",), "ARGUS_SERVING_RAY_TOKEN_PATH", "the serving cluster's token")
+
+
+def _token(environ: Mapping[str, str] | None, names: tuple[str, ...], path_name: str, what: str) -> str | None:
+    """The first of ``names`` set in ``environ`` (default: the process's), else the file
+    ``path_name`` names; None when none is set. Raises ArgusError for an unreadable or empty file."""
     env = os.environ if environ is None else environ
-    for name in ("ARGUS_RAY_TOKEN", "RAY_AUTH_TOKEN"):
+    for name in names:
         if env.get(name, "").strip():
             return env[name].strip()
-    path = env.get("RAY_AUTH_TOKEN_PATH", "").strip()
+    path = env.get(path_name, "").strip()
     if not path:
         return None
     try:
         with open(path, encoding="utf-8") as fh:
             token = fh.read().strip()
     except OSError as exc:
-        raise ArgusError(f"RAY_AUTH_TOKEN_PATH={path}: cannot read the Ray auth token: {exc}") from exc
+        raise ArgusError(f"{path_name}={path}: cannot read {what}: {exc}") from exc
     if not token:
-        raise ArgusError(f"RAY_AUTH_TOKEN_PATH={path}: the Ray auth token file is empty")
+        raise ArgusError(f"{path_name}={path}: the file of {what} is empty")
     return token
+
+
+class Clusters:
+    """The Ray clusters argus talks to: ``jobs``, where tasks run (and models, unless cluster.yaml's
+    ``serving.ray_address`` names a cluster of their own), and that serving cluster's dashboard,
+    made on first use and kept while the address stays the same (one at a time). Thread-safe: the
+    tick and the Serve watch both ask. ``token``: the serving cluster's (default:
+    :func:`serving_token_from_env`, read when its dashboard is made); ``make``: how that dashboard
+    is made from its address and token (default: a :class:`Dashboard`; tests give a stand-in)."""
+
+    def __init__(
+        self,
+        jobs: Dashboard,
+        *,
+        token: str | None = "",
+        make: Callable[[str, str | None], Dashboard] | None = None,
+    ) -> None:
+        self.jobs = jobs
+        self._token = token
+        self._make = make or (lambda address, token: Dashboard(address, jobs.timeout, token=token))
+        self._lock = threading.Lock()
+        self._serving: Dashboard | None = None
+
+    def serving(self, address: str | None) -> Dashboard:
+        """The dashboard models are deployed through for a cluster.yaml whose
+        ``serving.ray_address`` is ``address`` (None, or the jobs cluster's own: ``jobs``).
+
+        Raises ArgusError when the serving cluster's token file cannot be read."""
+        if address is None or address.rstrip("/") == self.jobs.base_url:
+            return self.jobs
+        with self._lock:
+            if self._serving is None or self._serving.base_url != address.rstrip("/"):
+                token = serving_token_from_env() if self._token == "" else self._token
+                self._serving = self._make(address.rstrip("/"), token)
+            return self._serving
 
 
 class Dashboard:

@@ -26,7 +26,7 @@ import yaml
 
 from reconciler import git
 from reconciler.builders.serve import ROUTER_APP
-from reconciler.dashboard import Dashboard
+from reconciler.dashboard import Clusters, Dashboard
 from reconciler.errors import ArgusError, GitError
 from reconciler.observe.api_keys import KeysFiles, known_users
 from reconciler.observe.capacity import NODES_PATH
@@ -122,6 +122,12 @@ def _dashboard(settings: Settings) -> Dashboard:
     return Dashboard(settings.ray, timeout=settings.timeout)
 
 
+def _serving_dashboard(settings: Settings) -> Dashboard:
+    """The dashboard of the cluster models run on: cluster.yaml's ``serving.ray_address`` (with
+    ``ARGUS_SERVING_RAY_TOKEN``), else the daemon's ``--ray``. Raises ArgusError (its token file)."""
+    return Clusters(_dashboard(settings)).serving(_cluster(settings).serving.ray_address)
+
+
 def _cluster(settings: Settings) -> ClusterSpec:
     """cluster.yaml of the deployed branch (a local repository only); its defaults when unreadable."""
     if not settings.repo or not is_local(settings.repo):
@@ -176,7 +182,7 @@ def _alive_nodes(dash: Dashboard) -> list[dict[str, Any]]:
 
 def check_serve(settings: Settings) -> str:
     try:
-        body = _dashboard(settings).get(SERVE_APPS_PATH) or {}
+        body = _serving_dashboard(settings).get(SERVE_APPS_PATH) or {}
     except ArgusError as exc:
         raise CheckFailed(str(exc), "check the Ray head's dashboard") from exc
     apps = body.get("applications") if isinstance(body, dict) else None
@@ -197,10 +203,11 @@ def check_openai(settings: Settings) -> str:
     if settings.serve_url not in ("auto", "", "off"):
         base = settings.serve_url.rstrip("/")
     else:
-        parts = urllib.parse.urlsplit(settings.ray)
+        cluster = _cluster(settings)
+        parts = urllib.parse.urlsplit(cluster.serving.ray_address or settings.ray)
         host = parts.hostname or "127.0.0.1"
         # Serve's own proxy (the endpoint forwards there, the daemon's probes ask there): no key needed.
-        base = f"{parts.scheme or 'http'}://{host}:{_cluster(settings).serving.internal_http_port}"
+        base = f"{parts.scheme or 'http'}://{host}:{cluster.serving.internal_http_port}"
     url = base + "/v1/models"
     try:
         status, body = _get(url, settings.timeout)

@@ -217,7 +217,8 @@ class Daemon:
         tune_gc()
         backoff = 0.0
         if self.serve_watch > 0:
-            ServeWatch(self.parts.dash, self.wake.set, self.stop, self.serve_watch).start()
+            observer = self.parts.observer
+            ServeWatch(lambda: observer.serving_dash, self.wake.set, self.stop, self.serve_watch).start()
         self.wake.set()
         while not self.stop.is_set():
             pushed = self.wake.wait(timeout=backoff or self.observe_interval)

@@ -139,7 +139,13 @@ class Parts:
         """Observe Ray and the status branch for ``revision``'s cluster. Raises RayUnavailable."""
         cluster = revision.desired.cluster
         users = measured_users(revision.desired)
-        return self.observer.observe(self.status_docs(), cluster.paths, cluster.serving.internal_http_port, users)
+        return self.observer.observe(
+            self.status_docs(),
+            cluster.paths,
+            cluster.serving.internal_http_port,
+            users,
+            serving_address=cluster.serving.ray_address,
+        )
 
     def run(
         self, memory: Memory | None = None, commit: str | None = None, *, fetch: bool = True

@@ -23,7 +23,7 @@ from reconciler.apply.serve import ServeEventLog, apply_serve
 from reconciler.backoff import Backoff
 from reconciler.builders.jobs import job_submission
 from reconciler.builders.serve import app_name, gate_config, model_access, model_app_config
-from reconciler.dashboard import Dashboard
+from reconciler.dashboard import Clusters, Dashboard
 from reconciler.errors import (
     ApplyDeferred,
     ArgusError,
@@ -104,8 +104,11 @@ class Applier:
         ownership_key: bytes,
         api_keys: Callable[[], Mapping[str, str]] | None = None,
         gate: Callable[[dict[str, Any], ClusterSpec], None] | None = None,
+        clusters: Clusters | None = None,
     ) -> None:
         self.dash = dash
+        # Models are deployed on cluster.yaml's serving.ray_address when it names one.
+        self.clusters = clusters if clusters is not None else Clusters(dash)
         self.api_keys = api_keys
         self.gate = gate  # hands the endpoint its gate config (reconciler/endpoint/hub.py); None: none
         self._gate_access: dict[str, list[str] | None] = {}  # the last gate config's access rules
@@ -344,7 +347,12 @@ class Applier:
 
         def put() -> None:
             out.serve_put = apply_serve(
-                self.dash, list(apps.values()), serve, desired.cluster, memo=self._put_memo, events=events
+                self.clusters.serving(desired.cluster.serving.ray_address),
+                list(apps.values()),
+                serve,
+                desired.cluster,
+                memo=self._put_memo,
+                events=events,
             )
 
         error = _try(put)

@@ -97,6 +97,7 @@ def _daemon_pages(args: argparse.Namespace, parts: Any) -> PageHandler | None:
         secret_values=[*parts.secrets_env.values(), os.environ.get("ARGUS_WEBHOOK_SECRET")],
         ownership_key=parts.ownership_key,
         endpoint=args.endpoint,
+        serving=lambda: parts.observer.serving_dash,
     )
 
 

@@ -100,6 +100,7 @@ def _sendable(pending: str) -> tuple[str, str]:
 class RayLogs:
     """``RayLogs(dash, redact)``: the :class:`reconciler.web.handler.Logs` the daemon serves.
 
+    ``serving`` returns the dashboard of the cluster models run on (default: ``dash``).
     ``ownership_key``: the daemon's key; a run is served only when its ``argus-proof`` label
     verifies under it (labels alone prove nothing: code on the cluster can submit jobs that claim
     to be anyone's). Every read is bounded: a run's output is its last lines (``tail``, at most
@@ -128,8 +129,11 @@ class RayLogs:
         max_readers: int = 3,
         per_requester: int = 2,
         sleep: Callable[[float], None] = time.sleep,
+        serving: Callable[[], Dashboard] | None = None,
     ) -> None:
         self.dash = dash
+        # Where models' logs are read: the cluster they run on (cluster.yaml's serving.ray_address).
+        self.serving = serving if serving is not None else (lambda: dash)
         self.redact = redact
         self.ownership_key = ownership_key
         self.poll_s = poll_s
@@ -351,7 +355,7 @@ class RayLogs:
 
     def _app(self, user: str, name: str, doc: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
         app = app_name(user, name)
-        details = self.dash.get("/api/serve/applications/") or {}
+        details = self.serving().get("/api/serve/applications/") or {}
         apps = details.get("applications") if isinstance(details, Mapping) else None
         info = (apps or {}).get(app)
         if not isinstance(info, Mapping):
@@ -393,7 +397,7 @@ class RayLogs:
             {"node_id": node, "filename": path.lstrip("/"), "lines": REPLICA_LOG_LINES, "timeout": 5}
         )
         with contextlib.suppress(ArgusError, OSError, http.client.HTTPException):
-            with self.dash.stream(f"/api/v0/logs/file?{query}", timeout=10) as stream:
+            with self.serving().stream(f"/api/v0/logs/file?{query}", timeout=10) as stream:
                 found = read_last(stream, REPLICA_LOG_BYTES, deadline=time.monotonic() + 10)
             return found.text.splitlines()[-REPLICA_LOG_LINES:]
         return []

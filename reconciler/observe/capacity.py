@@ -46,6 +46,24 @@ def observe_capacity(dash: Dashboard) -> Capacity:
     return parse_capacity(node_list, usage, by_node)
 
 
+def merge_capacity(jobs: Capacity, serving: Capacity) -> Capacity:
+    """The capacity of two clusters as one (the jobs cluster's and the serving cluster's, when
+    cluster.yaml's ``serving.ray_address`` names one): totals and available summed, nodes listed
+    together (the serving cluster's ids prefixed ``serving:``, so no two can be taken for one).
+    Per node it stays unknown (empty) if either cluster's is: a partial view would make a request
+    look larger than the clusters. Pure."""
+
+    def add(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
+        return {k: a.get(k, 0.0) + b.get(k, 0.0) for k in sorted({*a, *b})}
+
+    nodes: tuple[NodeCapacity, ...] = ()
+    if jobs.nodes and serving.nodes:
+        nodes = jobs.nodes + tuple(
+            NodeCapacity(f"serving:{n.node_id}", dict(n.total), dict(n.available)) for n in serving.nodes
+        )
+    return Capacity(add(jobs.total, serving.total), add(jobs.available, serving.available), nodes)
+
+
 def parse_capacity(
     nodes: list[Mapping[str, Any]], usage: Mapping[str, Any], usage_by_node: Mapping[str, Any] | None = None
 ) -> Capacity:

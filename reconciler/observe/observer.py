@@ -19,8 +19,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconciler.dashboard import Dashboard
-from reconciler.observe.capacity import observe_capacity
+from reconciler.dashboard import Clusters, Dashboard
+from reconciler.observe.capacity import merge_capacity, observe_capacity
 from reconciler.observe.disk import DiskMeter
 from reconciler.observe.jobs import ForeignJob, observe_job_records
 from reconciler.observe.probe import ModelProber, post_json
@@ -66,8 +66,12 @@ class Observer:
     # argus's own work since then is always counted; only others' use can be this old.
     CAPACITY_MAX_AGE_S = 10.0
 
-    def __init__(self, dash: Dashboard, ownership_key: bytes, serve_url: str | None = None) -> None:
+    def __init__(
+        self, dash: Dashboard, ownership_key: bytes, serve_url: str | None = None, *, clusters: Clusters | None = None
+    ) -> None:
         self.dash = dash
+        self.clusters = clusters if clusters is not None else Clusters(dash)
+        self.serving_dash = dash  # the dashboard the last observation read Serve from
         self.ownership_key = ownership_key
         self.serve_url = serve_url
         self._prober: ModelProber | None = None
@@ -89,14 +93,21 @@ class Observer:
         paths: Paths | None = None,
         http_port: int | None = None,
         disk_users: Collection[str] = (),
+        serving_address: str | None = None,
     ) -> Observation:
         """Observe Serve, Jobs (argus's proven ones) and capacity, and read the runs ``docs`` (the
         status branch's documents) record. ``paths``: the cluster's paths, to find checkpoints
         (None: not looked up); ``http_port``: Serve's own (internal) port, where models Serve calls RUNNING are
         asked for an answer (None: not asked); ``disk_users``: the users whose folders under
         ``paths.users`` the disk meter measures from now on (their last measurements are returned;
-        measuring happens off the tick). Raises RayUnavailable (apply nothing then)."""
-        serve = observe_serve(self.dash)
+        measuring happens off the tick); ``serving_address``: cluster.yaml's ``serving.ray_address``,
+        the cluster Serve is read from (None: the jobs cluster; capacity is then both clusters'
+        together). Raises RayUnavailable (apply nothing then)."""
+        serving = self.clusters.serving(serving_address)
+        if serving is not self.serving_dash:
+            self.forget_capacity()  # the capacity kept was another pair of clusters'
+        self.serving_dash = serving
+        serve = observe_serve(self.serving_dash)
         prober = self._model_prober(http_port) if http_port is not None else None
         models = prober.check(serve.models, serve.apps, serve.replica_ids) if prober else dict(serve.models)
         asked = self.clock()
@@ -138,6 +149,8 @@ class Observer:
         if seen is not None and now - seen[0] < self.CAPACITY_MAX_AGE_S:
             return seen[1]
         capacity = observe_capacity(self.dash)
+        if self.serving_dash is not self.dash:
+            capacity = merge_capacity(capacity, observe_capacity(self.serving_dash))
         self._capacity = (now, capacity)
         return capacity
 
@@ -145,7 +158,7 @@ class Observer:
         """The prober of this Serve endpoint (one, kept between ticks: it owns the verdicts)."""
         if self.serve_url is None:
             return None
-        url = self.serve_url or serve_url_beside(self.dash.base_url, http_port)
+        url = self.serve_url or serve_url_beside(self.serving_dash.base_url, http_port)
         if self._prober is None or self._prober.serve_url != url.rstrip("/"):
             if self._prober is not None:
                 self._prober.close()

@@ -45,8 +45,15 @@ class ServeWatch:
     """Reads Serve every ``interval`` seconds in a thread of its own and calls ``wake`` on a change,
     until ``stop`` is set."""
 
-    def __init__(self, dash: Dashboard, wake: Callable[[], None], stop: threading.Event, interval: float) -> None:
-        self.dash = dash
+    def __init__(
+        self,
+        dash: Dashboard | Callable[[], Dashboard],
+        wake: Callable[[], None],
+        stop: threading.Event,
+        interval: float,
+    ) -> None:
+        # A callable: the dashboard to read now (the serving cluster can change with cluster.yaml).
+        self._dash: Callable[[], Dashboard] = dash if callable(dash) else (lambda: dash)
         self.wake = wake
         self.stop = stop
         self.interval = max(interval, MIN_WATCH_S)
@@ -60,7 +67,7 @@ class ServeWatch:
     def check(self) -> bool:
         """Read Serve once; True (after calling ``wake``) when it changed since the last read."""
         try:
-            seen = fingerprint(self.dash.get(SERVE_APPS_PATH) or {})
+            seen = fingerprint(self._dash().get(SERVE_APPS_PATH) or {})
         except Exception as exc:  # Ray away or slow: the ticks say so; the watch reads again later
             log.debug("serve watch: %r", exc)
             return False

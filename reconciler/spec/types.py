@@ -153,6 +153,9 @@ class Serving:
     # Serve applications argus does not own that may keep an HTTP route (a job's ``serve.run`` or
     # PUT): every other foreign app with a route is removed on the next tick (reconciler/plan/serve_kept.py).
     allowed_apps: tuple[str, ...] = ()
+    # The dashboard of a Ray cluster of its own that models run on (None: the cluster tasks run on).
+    # Its token comes from the daemon's environment (ARGUS_SERVING_RAY_TOKEN), never the repository.
+    ray_address: str | None = None
 
 
 # verl tasks save every this many optimizer steps unless cluster.yaml says otherwise: what a preempted

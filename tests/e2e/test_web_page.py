@@ -4,7 +4,10 @@ A real git repository (bare + clone), the session's real Ray head, the daemon as
 (``argus run --web-listen``: real ticks, a real status branch, the pages on their own address),
 Debian's chromium and chromedriver driven by Selenium. The model is suspended (a real reconcile writes its status
 document, served name and endpoint included, without a minute of vLLM start-up); the OpenAI
-call itself is tested in test_daemon.py. Screenshots go to docs/screenshots/ (docs/users/status.md shows them).
+call itself is tested in test_daemon.py. Screenshots are taken into a temporary folder, or into
+``$ARGUS_SCREENSHOTS`` when it is set: ``ARGUS_SCREENSHOTS=docs/screenshots`` refreshes the published ones
+(docs/users/status.md shows them; on the session's shared head the overview would list other tests' jobs,
+so they are refreshed from a run of this module alone).
 """
 
 from __future__ import annotations
@@ -35,13 +38,20 @@ pytestmark = pytest.mark.e2e
 USER = "dora"
 SECRET = "wandb-Zq8v7Hs2Lk4Pp9"
 XSS = "<script>alert('owned')</script>"
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SHOTS = REPO_ROOT / "docs" / "screenshots"
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
 def command_task(command: str, **extra: Any) -> dict[str, Any]:
     return {"kind": "Task", "workload": "command", "command": command, "gpus_per_node": 1, **extra}
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the screenshots go: ``$ARGUS_SCREENSHOTS`` (docs/screenshots to refresh them), else a temporary folder."""
+    folder = Path(os.environ["ARGUS_SCREENSHOTS"]) if os.environ.get("ARGUS_SCREENSHOTS") else None
+    folder = folder or tmp_path_factory.mktemp("screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 @dataclass
@@ -119,7 +129,7 @@ def no_injected_script(driver: Any) -> None:
         driver.switch_to.alert.text  # noqa: B018 - raises when no alert is open
 
 
-def test_overview_lists_the_objects_of_a_real_reconcile(site: Site, browser: Any) -> None:
+def test_overview_lists_the_objects_of_a_real_reconcile(site: Site, browser: Any, shots: Path) -> None:
     from selenium.webdriver.common.by import By
 
     wait_for(
@@ -144,8 +154,7 @@ def test_overview_lists_the_objects_of_a_real_reconcile(site: Site, browser: Any
     rows = browser.find_elements(By.CSS_SELECTOR, "table.objects tbody tr")
     assert len(rows) == 1 and "crash" in rows[0].text
     browser.get(site.url + "/")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    browser.save_screenshot(str(SHOTS / "overview.png"))
+    assert browser.save_screenshot(str(shots / "overview.png"))
 
 
 def test_failed_task_page_shows_its_log_tail_as_text(site: Site, browser: Any) -> None:
@@ -164,7 +173,7 @@ def test_failed_task_page_shows_its_log_tail_as_text(site: Site, browser: Any) -
     no_injected_script(browser)
 
 
-def test_model_page_shows_the_openai_example(site: Site, browser: Any) -> None:
+def test_model_page_shows_the_openai_example(site: Site, browser: Any, shots: Path) -> None:
     from selenium.webdriver.common.by import By
 
     doc = site.doc(f"users/{USER}/models/chat.yaml")
@@ -175,7 +184,7 @@ def test_model_page_shows_the_openai_example(site: Site, browser: Any) -> None:
     curl = browser.find_element(By.ID, "openai-curl").text
     assert f'model="{served}"' in python and f'base_url="{doc["endpoint"]}"' in python
     assert f"{doc['endpoint']}/chat/completions" in curl and served in curl
-    browser.save_screenshot(str(SHOTS / "model.png"))
+    assert browser.save_screenshot(str(shots / "model.png"))
 
 
 def test_argus_logs_follows_a_running_job_redacted(site: Site) -> None:

@@ -28,8 +28,14 @@ PUT_BODIES_KEPT = 8  # the last PUT bodies kept for tests (a soak sends thousand
 class FakeRay(Dashboard):
     """``FakeRay(foreign_apps={...})``; ``puts`` and ``submits`` count what argus sent."""
 
-    def __init__(self, *, foreign_apps: dict[str, dict[str, Any]] | None = None, gpus: float | None = None) -> None:
-        super().__init__("http://fake-ray")
+    def __init__(
+        self,
+        *,
+        foreign_apps: dict[str, dict[str, Any]] | None = None,
+        gpus: float | None = None,
+        base_url: str = "http://fake-ray",
+    ) -> None:
+        super().__init__(base_url)
         self.apps: dict[str, dict[str, Any]] = copy.deepcopy(foreign_apps or {})
         self.jobs: dict[str, dict[str, Any]] = {}
         self.logs: dict[str, str] = {}  # submission id -> driver log text

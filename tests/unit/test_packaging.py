@@ -207,7 +207,13 @@ def test_git_server_ssh_is_keys_only() -> None:
 # --- docker-compose.yaml ----------------------------------------------------------------------------
 
 
-COMPOSE_FILES = ["docker-compose.yaml", "docker-compose.cpu.yaml", "docker-compose.gpus.example.yaml"]
+COMPOSE_FILES = [
+    "docker-compose.yaml",
+    "docker-compose.cpu.yaml",
+    "docker-compose.gpus.example.yaml",
+    "docker-compose.serving.yaml",
+]
+STACK = ["argus", "endpoint", "files", "git", "head", "worker-1", "worker-2"]
 
 
 @pytest.mark.parametrize("name", COMPOSE_FILES)
@@ -222,8 +228,15 @@ def test_compose_file_follows_the_compose_specification(name: str) -> None:
     assert "name" not in load_yaml(ROOT / name)
 
 
-@pytest.mark.parametrize("files", [["docker-compose.yaml"], ["docker-compose.yaml", "docker-compose.cpu.yaml"]])
-def test_compose_clients_accept_the_files(tmp_path: Path, files: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("files", "services"),
+    [
+        (["docker-compose.yaml"], STACK),
+        (["docker-compose.yaml", "docker-compose.cpu.yaml"], STACK),
+        (["docker-compose.yaml", "docker-compose.serving.yaml"], sorted([*STACK, "serving-head", "serving-worker-1"])),
+    ],
+)
+def test_compose_clients_accept_the_files(tmp_path: Path, files: list[str], services: list[str]) -> None:
     """``docker-compose config`` (1.29, Debian 12) and ``docker compose config`` (v2), where installed."""
     clients = [
         c
@@ -240,7 +253,7 @@ def test_compose_clients_accept_the_files(tmp_path: Path, files: list[str]) -> N
         proc = subprocess.run(args, env=env, capture_output=True, text=True, cwd=tmp_path)
         assert proc.returncode == 0, f"{' '.join(client)}: {proc.stderr}"
         config = yaml.safe_load(proc.stdout)
-        assert sorted(config["services"]) == ["argus", "endpoint", "files", "git", "head", "worker-1", "worker-2"]
+        assert sorted(config["services"]) == services
         checked += 1
     if not checked:
         message = "neither docker-compose nor docker compose is installed (apt-get install docker-compose)"
@@ -427,6 +440,9 @@ def test_first_run_makes_the_folders_and_the_token(tmp_path: Path) -> None:
     for sub in ("private/hf", "private/users", "keys"):
         assert (tmp_path / sub).is_dir(), sub
     assert (tmp_path / "private" / "users").stat().st_mode & 0o777 == 0o711
+    serving = tmp_path / "secrets" / "serving_ray_auth_token"  # docker-compose.serving.yaml's cluster
+    assert re.fullmatch(r"[0-9a-f]{64}", serving.read_text()) and serving.stat().st_mode & 0o777 == 0o400
+    assert serving.read_text() != token.read_text()
     first = token.read_text()
     again = subprocess.run(["sh", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert again.returncode == 0 and token.read_text() == first, "an existing token is kept"
@@ -446,6 +462,7 @@ def defaults(value: Any) -> Any:
 COMPOSE = defaults(load_yaml(ROOT / "docker-compose.yaml"))
 CPU = defaults(load_yaml(ROOT / "docker-compose.cpu.yaml"))
 GPUS = defaults(load_yaml(ROOT / "docker-compose.gpus.example.yaml"))
+SERVING = defaults(load_yaml(ROOT / "docker-compose.serving.yaml"))
 PROMISES = load_yaml(ROOT / "images" / "promises.yaml")
 RAY_NODES = ("head", "worker-1", "worker-2")
 
@@ -538,6 +555,30 @@ def test_ray_token_auth_is_on_and_secrets_go_where_they_are_needed() -> None:
     assert with_env_file == ["argus"], "only the daemon's container reads .env"
     assert not services["files"].get("secrets") and not services["git"].get("secrets")
     assert not services["endpoint"].get("secrets"), "the endpoint never talks to Ray with its token"
+
+
+def test_the_serving_cluster_is_out_of_the_jobs_reach() -> None:
+    """docker-compose.serving.yaml (models on a Ray cluster of their own): its nodes share no network with
+    the first cluster's, hold its own token and never the first cluster's (which every job holds), mount the
+    shared folder read-only and publish no port; the daemon gets both tokens, the endpoint forwards there."""
+    nodes = ("serving-head", "serving-worker-1")
+    for name in nodes:
+        service = SERVING["services"][name]
+        assert service["networks"] == ["serving"], name
+        assert service["secrets"] == ["serving_ray_auth_token"], name
+        assert service["environment"]["RAY_AUTH_TOKEN_PATH"] == "/run/secrets/serving_ray_auth_token", name
+        assert service["environment"]["RAY_AUTH_MODE"] == "token", name
+        assert service["volumes"] == ["./private:/private:ro"], name
+        assert "ports" not in service and "env_file" not in service, name
+    for name in RAY_NODES:
+        assert "serving" not in COMPOSE["services"][name].get("networks", []), name
+    argus = SERVING["services"]["argus"]
+    assert argus["secrets"] == ["ray_auth_token", "serving_ray_auth_token"]
+    assert argus["environment"] == {"ARGUS_SERVING_RAY_TOKEN_PATH": "/run/secrets/serving_ray_auth_token"}
+    assert SERVING["services"]["endpoint"]["environment"]["ARGUS_SERVE_URL"] == "http://serving-head:8001"
+    assert set(SERVING["services"]) == {*nodes, "argus", "endpoint"}, "nothing else of the stack changes"
+    script = (NODE / "argus-node").read_text()
+    assert 'ARGUS_SERVING_RAY_TOKEN_PATH="$daemon_run/serving_ray_auth_token"' in script
 
 
 def test_no_ray_node_holds_anything_of_the_daemons() -> None:
