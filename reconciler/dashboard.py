@@ -92,12 +92,16 @@ class Clusters:
         """The dashboard models are deployed through for a cluster.yaml whose
         ``serving.ray_address`` is ``address`` (None, or the jobs cluster's own: ``jobs``).
 
-        Raises ArgusError when the serving cluster's token file cannot be read."""
+        Raises RayUnavailable when the serving cluster's token file cannot be read (the daemon
+        backs off and applies nothing, as when that cluster does not answer)."""
         if address is None or address.rstrip("/") == self.jobs.base_url:
             return self.jobs
         with self._lock:
             if self._serving is None or self._serving.base_url != address.rstrip("/"):
-                token = serving_token_from_env() if self._token == "" else self._token
+                try:
+                    token = serving_token_from_env() if self._token == "" else self._token
+                except ArgusError as exc:
+                    raise RayUnavailable(f"the serving cluster {address}: {exc}") from exc
                 self._serving = self._make(address.rstrip("/"), token)
             return self._serving
 

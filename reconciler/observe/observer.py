@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reconciler.dashboard import Clusters, Dashboard
-from reconciler.observe.capacity import merge_capacity, observe_capacity
+from reconciler.observe.capacity import merge_capacity, observe_capacity, pools
 from reconciler.observe.disk import DiskMeter
 from reconciler.observe.jobs import ForeignJob, observe_job_records
 from reconciler.observe.probe import ModelProber, post_json
@@ -29,6 +29,7 @@ from reconciler.observe.serve import ServeObservation, observe_serve
 from reconciler.observe.sightings import RunSightings
 from reconciler.plan.actual import ActualJob, ActualModel, Capacity
 from reconciler.plan.disk import DiskUsage
+from reconciler.plan.placement import MODEL_POOL, TASK_POOL
 from reconciler.spec.types import ObjectKey, Paths
 
 log = logging.getLogger("argus")
@@ -72,6 +73,7 @@ class Observer:
         self.dash = dash
         self.clusters = clusters if clusters is not None else Clusters(dash)
         self.serving_dash = dash  # the dashboard the last observation read Serve from
+        self._pooled = False  # the last observation's cluster.yaml named a serving cluster
         self.ownership_key = ownership_key
         self.serve_url = serve_url
         self._prober: ModelProber | None = None
@@ -104,9 +106,9 @@ class Observer:
         the cluster Serve is read from (None: the jobs cluster; capacity is then both clusters'
         together). Raises RayUnavailable (apply nothing then)."""
         serving = self.clusters.serving(serving_address)
-        if serving is not self.serving_dash:
+        if serving is not self.serving_dash or (serving_address is not None) != self._pooled:
             self.forget_capacity()  # the capacity kept was another pair of clusters'
-        self.serving_dash = serving
+        self.serving_dash, self._pooled = serving, serving_address is not None
         serve = observe_serve(self.serving_dash)
         prober = self._model_prober(http_port) if http_port is not None else None
         models = prober.check(serve.models, serve.apps, serve.replica_ids) if prober else dict(serve.models)
@@ -151,6 +153,8 @@ class Observer:
         capacity = observe_capacity(self.dash)
         if self.serving_dash is not self.dash:
             capacity = merge_capacity(capacity, observe_capacity(self.serving_dash))
+        elif self._pooled:  # cluster.yaml names the tasks' own cluster for serving: one pool of both
+            capacity = pools(capacity, TASK_POOL, MODEL_POOL)
         self._capacity = (now, capacity)
         return capacity
 

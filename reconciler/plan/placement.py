@@ -47,6 +47,16 @@ EPS = 1e-9
 PACKED_KEPT = 256
 # Past this many nodes a reason counts node sizes ("2 x 8, 3 x 4 GPUs") instead of listing each.
 LISTED_NODES = 8
+# With models on a Ray cluster of their own (cluster.yaml serving.ray_address) each node offers the
+# pool of its cluster (reconciler/observe/capacity.py marks them) and each part asks for its kind's:
+# a task's parts land on the tasks' cluster's nodes, a model's replicas on the serving cluster's.
+# Only the planner's packing sees them (never Ray, never the sums); a part's pool is not used up.
+POOL_PREFIX = "argus.pool/"
+TASK_POOL = POOL_PREFIX + "tasks"
+MODEL_POOL = POOL_PREFIX + "models"
+POOLS = frozenset({TASK_POOL, MODEL_POOL})
+POOL_SIZE = 1e9  # what a marked node offers of its pool
+_POOL_WORDS = {TASK_POOL: "the tasks' Ray cluster", MODEL_POOL: "the serving Ray cluster"}
 
 
 def task_parts(task: TaskSpec, cluster: ClusterSpec) -> tuple[dict[str, float], ...]:
@@ -58,14 +68,23 @@ def task_parts(task: TaskSpec, cluster: ClusterSpec) -> tuple[dict[str, float], 
         # One process on one node (a multi-node command task is refused when it is submitted).
         first = dict(driver)
         first[GPU] = first.get(GPU, 0.0) + gpus.get(GPU, 0.0)
-        return _nonempty([first, *(dict(gpus) for _ in range(task.nodes - 1))])
-    return _nonempty([driver, *(dict(gpus) for _ in range(task.nodes))])
+        return pooled(_nonempty([first, *(dict(gpus) for _ in range(task.nodes - 1))]), "task", cluster)
+    return pooled(_nonempty([driver, *(dict(gpus) for _ in range(task.nodes))]), "task", cluster)
 
 
 def model_parts(model: ModelSpec, cluster: ClusterSpec, replicas: int) -> tuple[dict[str, float], ...]:
     """What ``replicas`` replicas of ``model`` place: each replica's resources on one node."""
     per = {k: v for k, v in model_resources_per_replica(model, cluster).items() if v > 0}
-    return _nonempty([dict(per) for _ in range(max(0, replicas))])
+    return pooled(_nonempty([dict(per) for _ in range(max(0, replicas))]), "model", cluster)
+
+
+def pooled(parts: Iterable[Part], kind: str, cluster: ClusterSpec) -> tuple[dict[str, float], ...]:
+    """``parts`` of a ``kind`` ("task" or "model") object, each asking for its kind's pool when
+    ``cluster`` runs models on a Ray cluster of their own (:data:`TASK_POOL`); else as they are."""
+    if cluster.serving.ray_address is None:
+        return tuple(dict(p) for p in parts)
+    pool = MODEL_POOL if kind == "model" else TASK_POOL
+    return tuple({**p, pool: 1.0} for p in parts)
 
 
 def request_parts(desired: DesiredState, key: ObjectKey) -> tuple[dict[str, float], ...]:
@@ -237,6 +256,8 @@ def _best_fit(parts: Iterable[Part], nodes: FreeNodes, skip: bool) -> tuple[dict
         left = dict(changed.get(node, nodes._free[node]))
         gives = taken.setdefault(node, {})
         for r, v in part.items():
+            if r in POOLS:
+                continue  # a pool is where a part may go, not something it takes
             left[r] = left.get(r, 0.0) - v
             gives[r] = gives.get(r, 0.0) + v
         changed[node] = left
@@ -310,6 +331,23 @@ def _never_fits(shapes: tuple[Shape, ...], totals: _Totals, unit: str) -> str | 
     free = FreeNodes({n.node_id: n.total for n in nodes})
     if pack(parts, free) is not None:
         return None
+    pool = _pool_of(parts)
+    if pool is not None:
+        # Said of the pool's cluster alone: its nodes, and the parts as Ray sees them.
+        nodes = [NodeCapacity(n.node_id, _unpooled(n.total)) for n in nodes if n.total.get(pool, 0.0) > 0]
+        parts = [_unpooled(p) for p in parts]
+        if not nodes:
+            return f"{_POOL_WORDS[pool]} reports no nodes"
+        free = FreeNodes({n.node_id: n.total for n in nodes})
+        why = _never_fits_on(parts, nodes, free, unit)
+        return f"{why} on {_POOL_WORDS[pool]}" if why else None
+    return _never_fits_on(parts, nodes, free, unit)
+
+
+def _never_fits_on(parts: list[dict[str, float]], nodes: list[NodeCapacity], free: FreeNodes, unit: str) -> str | None:
+    """Why ``parts`` cannot be packed onto ``nodes`` (``free``: their totals); None when they fit."""
+    if pack(parts, free) is not None:
+        return None
     main = _main_of(parts)
     sized = [p for p in parts if p.get(main, 0.0) > 0]
     biggest = max((p.get(main, 0.0) for p in sized), default=0.0)
@@ -338,12 +376,19 @@ def short_on_nodes(
     free = _grouped(free)
     if pack(parts, free) is not None:
         return None
+    pool = _pool_of(parts)
+    if pool is not None:
+        # Said of the pool's cluster alone: its nodes, and the parts as Ray sees them.
+        inside = [n for n in free if free[n].get(pool, 0.0) > 0]
+        parts = [_unpooled(p) for p in parts]
+        free = FreeNodes({n: _unpooled(free[n]) for n in inside})
+        totals = {n: totals.get(n, {}) for n in inside}
     main = _main_of(parts)
     bare = [{main: p[main]} for p in parts if p.get(main, 0.0) > 0]
     names = [main] if bare and pack(bare, free) is None else _names(parts)
     why = (
         f"insufficient capacity per node: needs {describe(parts, unit, names)}, each on one node; "
-        f"free per node: {free.shown(totals, names)}"
+        f"free per node{f' of {_POOL_WORDS[pool]}' if pool else ''}: {free.shown(totals, names)}"
     )
     return why, tuple(sorted(names))
 
@@ -435,7 +480,16 @@ def _main_of(parts: Iterable[Part]) -> str:
 def _main(res: Mapping[str, float]) -> str:
     if res.get(GPU, 0.0) > 0:
         return GPU
-    return max(sorted(res), key=lambda r: res[r], default=GPU)
+    return max(sorted(r for r in res if r not in POOLS), key=lambda r: res[r], default=GPU)
+
+
+def _pool_of(parts: Iterable[Part]) -> str | None:
+    """The pool ``parts`` ask for (:data:`POOLS`), None when none."""
+    return next((r for p in parts for r in p if r in POOLS), None)
+
+
+def _unpooled(res: Mapping[str, float]) -> dict[str, float]:
+    return {r: v for r, v in res.items() if r not in POOLS}
 
 
 def _largest_first(parts: Iterable[Part]) -> list[Part]:

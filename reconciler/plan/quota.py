@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from reconciler.plan.actual import ActualModel, ActualState, Capacity, NodeCapacity, sub
-from reconciler.plan.placement import FreeNodes, Part, pack, short_on_nodes, task_parts
+from reconciler.plan.placement import FreeNodes, Part, pack, pooled, short_on_nodes, task_parts
 from reconciler.spec.hashing import model_spec_hash, task_spec_hash
 from reconciler.spec.types import (
     GPU,
@@ -201,7 +201,7 @@ class Ledger:
                 if waiting:
                     unplaced[r] = unplaced.get(r, 0.0) + v * waiting
             if waiting and per_node:
-                pending.extend(model.resources_per_replica for _ in range(waiting))
+                pending.extend(pooled((model.resources_per_replica for _ in range(waiting)), "model", cluster))
             ledger._count(model.key.user, {GPU: model_gpus(model) * model.replicas}, 1.0)
             if guard:
                 ledger._count_firm(model, desired.models.get(model.key) if desired is not None else None, cappable)
@@ -215,7 +215,9 @@ class Ledger:
             if job.status != "RUNNING" and per_node:
                 spec = desired.tasks.get(job.key) if desired is not None else None
                 same = spec is not None and task_spec_hash(spec) == job.spec_hash
-                pending.extend(task_parts(spec, cluster) if spec is not None and same else [job.resources])
+                pending.extend(
+                    task_parts(spec, cluster) if spec is not None and same else pooled([job.resources], "task", cluster)
+                )
             ledger._count(job.key.user, quota_use(job.resources, task=True), 1.0)
         ledger.avail = sub(capacity.available, unplaced)
         ledger.cap = sub(capacity.total, committed)

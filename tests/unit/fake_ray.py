@@ -34,8 +34,10 @@ class FakeRay(Dashboard):
         foreign_apps: dict[str, dict[str, Any]] | None = None,
         gpus: float | None = None,
         base_url: str = "http://fake-ray",
+        per_node: bool = False,
     ) -> None:
         super().__init__(base_url)
+        self.per_node = per_node  # report its one node's usage as Ray does (a per-node view)
         self.apps: dict[str, dict[str, Any]] = copy.deepcopy(foreign_apps or {})
         self.jobs: dict[str, dict[str, Any]] = {}
         self.logs: dict[str, str] = {}  # submission id -> driver log text
@@ -60,10 +62,13 @@ class FakeRay(Dashboard):
         if path == "/api/serve/applications/":
             return self._put(body) if method == "PUT" else self._serve()
         if path.startswith("/api/v0/nodes"):
-            nodes = [] if self.gpus is None else [{"state": "ALIVE", "resources_total": self._totals()}]
-            return {"data": {"result": {"result": nodes}}}
+            node = {"state": "ALIVE", "resources_total": self._totals(), "node_id": f"node-of-{self.base_url}"}
+            return {"data": {"result": {"result": [] if self.gpus is None else [node]}}}
         if path == "/api/cluster_status":
-            return {"data": {"clusterStatus": {"loadMetricsReport": {"usage": {}}}}}
+            report: dict[str, Any] = {"usage": {}}
+            if self.per_node:
+                report["usageByNode"] = {f"node-of-{self.base_url}": {}}
+            return {"data": {"clusterStatus": {"loadMetricsReport": report}}}
         if path == "/api/jobs/":
             return self._submit(body) if method == "POST" else [copy.deepcopy(j) for j in self.jobs.values()]
         match = _JOB.match(path)

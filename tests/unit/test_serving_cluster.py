@@ -11,12 +11,14 @@ import pytest
 
 from reconciler.builders.serve import ROUTER_APP, app_name
 from reconciler.dashboard import Clusters, Dashboard, serving_token_from_env
-from reconciler.errors import ArgusError
-from reconciler.observe.capacity import merge_capacity
+from reconciler.errors import ArgusError, RayUnavailable
+from reconciler.observe.capacity import merge_capacity, parse_capacity, pools
 from reconciler.plan.actual import Capacity, NodeCapacity
+from reconciler.plan.placement import MODEL_POOL, TASK_POOL, model_parts, never_fits, pack, short_on_nodes, task_parts
 from reconciler.source.remote import open_source
 from reconciler.spec.loader import SourceFile, load
-from tests.support import ConfigRepo, Ticker, cluster_yaml, ticker
+from reconciler.spec.types import ClusterSpec, ModelSpec, ObjectKey, Serving
+from tests.support import ConfigRepo, Ticker, cluster_yaml, task_spec, ticker
 from tests.unit.fake_ray import FakeRay
 from tests.unit.test_fuzz_ticks import AllowAll
 
@@ -100,6 +102,9 @@ def test_the_serving_cluster_never_gets_the_jobs_token(monkeypatch: pytest.Monke
     token.write_text("")
     with pytest.raises(ArgusError, match="empty"):
         serving_token_from_env()
+    # A token that cannot be read is the serving cluster unavailable: the tick backs off, nothing is applied.
+    with pytest.raises(RayUnavailable, match=r"other-serving-2.*empty"):
+        clusters.serving("http://other-serving-2:8265")
 
 
 def test_capacity_of_two_clusters_is_their_sum() -> None:
@@ -124,3 +129,109 @@ def test_ray_address_is_checked_at_its_line() -> None:
         loaded = _cluster(f"  ray_address: {bad!r}\n")
         assert not loaded.cluster_valid, bad
         assert loaded.issues[0].line == 3 and "ray_address" in str(loaded.issues[0]), loaded.issues
+
+
+# -- placement per cluster -------------------------------------------------------------------------
+
+SEPARATE = ClusterSpec(serving=Serving(ray_address=SERVING_URL))
+# The tasks' cluster has a 2-GPU node, the serving cluster a 4-GPU one (and both a CPU head).
+GPU_NODE = {"GPU": 2.0, "worker_node": 2.0}
+TWO = merge_capacity(
+    Capacity({"GPU": 2.0}, {"GPU": 2.0}, (NodeCapacity("a", GPU_NODE, GPU_NODE),)),
+    Capacity({"GPU": 4.0}, {"GPU": 4.0}, (NodeCapacity("b", {"GPU": 4.0}, {"GPU": 4.0}),)),
+)
+
+
+def model_spec(gpus: int) -> ModelSpec:
+    return ModelSpec(
+        key=ObjectKey("alice", "model", "m"),
+        source="Qwen/Qwen2.5-0.5B-Instruct",
+        source_path="/hf/qwen",
+        source_task=None,
+        replicas=1,
+        gpus_per_replica=gpus,
+        engine_kwargs={},
+        env={},
+        suspend=False,
+        created_at=0,
+    )
+
+
+def _parts_on(parts: Any) -> dict[str, dict[str, float]] | None:
+    return pack(parts, {n.node_id: n.available for n in TWO.nodes})
+
+
+def test_tasks_are_placed_on_the_tasks_cluster_and_models_on_the_serving_cluster() -> None:
+    task = task_spec("alice", "t", gpus_per_node=2, command="true")
+    model = model_spec(4)
+    assert task_parts(task, SEPARATE) == ({"worker_node": 1.0, "GPU": 2.0, TASK_POOL: 1.0},)
+    assert model_parts(model, SEPARATE, 1) == ({"GPU": 4.0, MODEL_POOL: 1.0},)
+    assert _parts_on(task_parts(task, SEPARATE)) == {"a": {"worker_node": 1.0, "GPU": 2.0}}
+    assert _parts_on(model_parts(model, SEPARATE, 1)) == {"serving:b": {"GPU": 4.0}}
+    # Each fits the other cluster's nodes by size, but not by cluster.
+    assert _parts_on(model_parts(model_spec(2), SEPARATE, 2)) == {"serving:b": {"GPU": 4.0}}
+    # A third 2-GPU replica has no room on the serving cluster, whatever the tasks' node has free.
+    assert _parts_on(model_parts(model_spec(2), SEPARATE, 3)) is None
+    assert never_fits(model_parts(model_spec(8), SEPARATE, 1), TWO.nodes, "replica") == (
+        "needs 1 replica x 8 GPUs but the largest node has 4 GPUs (nodes: 4 GPUs) on the serving Ray cluster"
+    )
+    big = task_spec("alice", "big", gpus_per_node=4, command="true")
+    assert never_fits(task_parts(big, SEPARATE), TWO.nodes, "node") == (
+        "needs 1 node x 4 GPUs but the largest node has 2 GPUs (nodes: 2 GPUs) on the tasks' Ray cluster"
+    )
+    # The pool is where a part goes, not something it uses up: many parts share a node.
+    small = task_spec("alice", "s", gpus_per_node=0, command="true")
+    assert _parts_on(task_parts(small, SEPARATE) * 2) == {"a": {"worker_node": 2.0}}
+    # Without a serving cluster nothing changes.
+    assert task_parts(task, ClusterSpec()) == ({"worker_node": 1.0, "GPU": 2.0},)
+
+
+def test_short_on_nodes_speaks_of_the_objects_cluster() -> None:
+    totals = {n.node_id: n.total for n in TWO.nodes}
+    free = {n.node_id: n.available for n in TWO.nodes}
+    free["serving:b"] = {**free["serving:b"], "GPU": 1.0}
+    why = short_on_nodes(model_parts(model_spec(2), SEPARATE, 1), free, totals, "replica")
+    assert why == (
+        "insufficient capacity per node: needs 1 replica x 2 GPUs, each on one node; "
+        "free per node of the serving Ray cluster: 1 GPUs",
+        ("GPU",),
+    )
+
+
+def test_one_cluster_named_for_serving_too_offers_both_pools() -> None:
+    node = {"GPU": 4.0, "worker_node": 1.0}
+    one = pools(Capacity(dict(node), dict(node), (NodeCapacity("a", node, node),)), TASK_POOL, MODEL_POOL)
+    job = task_spec("a", "t", gpus_per_node=2, command="true")
+    both = model_parts(model_spec(2), SEPARATE, 1) + task_parts(job, SEPARATE)
+    assert pack(both, {n.node_id: n.available for n in one.nodes}) == {"a": {"GPU": 4.0, "worker_node": 1.0}}
+    assert one.total == node, "pools are per node only, never in the sums"
+
+
+def test_a_whole_tick_waits_for_the_right_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tasks' cluster has no GPU, the serving cluster has 8: a 1-GPU task is unschedulable (it
+    could never run where tasks run), although the two clusters together have GPUs to spare."""
+    monkeypatch.delenv("ARGUS_SERVING_RAY_TOKEN", raising=False)
+    jobs = FakeRay(gpus=0, base_url="http://jobs-ray:8265", per_node=True)
+    serving = FakeRay(gpus=8, base_url=SERVING_URL, per_node=True)
+    repo = _repo(tmp_path, SERVING_URL)
+    repo.write(
+        "users/bob/tasks/gpu.yaml", {"kind": "Task", "workload": "command", "command": "true", "gpus_per_node": 1}
+    )
+    repo.commit_push("a GPU task")
+    t = _ticker(repo, jobs, serving, [])
+    result = t.tick()
+    status = next(s for k, s in result.statuses.items() if k.name == "gpu")
+    assert "tasks' Ray cluster" in status.reason and not any("--gpu--" in sid for sid in jobs.jobs), status
+    assert result.actual.capacity.total["GPU"] == pytest.approx(8.0)
+    # GPUs where tasks run: the same task is submitted there.
+    jobs.gpus, serving.gpus = 2, 0
+    t.timer()
+    result = t.tick()
+    status = next(s for k, s in result.statuses.items() if k.name == "gpu")
+    assert any("--gpu--" in sid for sid in jobs.jobs), status  # now it fits where tasks run
+
+
+def test_a_node_naming_an_argus_pool_is_not_believed() -> None:
+    node = {"state": "ALIVE", "node_id": "n", "resources_total": {"GPU": 1.0, MODEL_POOL: 1e9, "argus.pool/x": 1.0}}
+    capacity = parse_capacity([node], {}, {"n": {}})
+    assert capacity.total == {"GPU": 1.0} and capacity.nodes[0].total == {"GPU": 1.0}
