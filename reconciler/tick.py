@@ -289,8 +289,15 @@ def _seeded(order: AdmissionOrder, docs: Mapping[str, Mapping[str, Any]]) -> Adm
     return order.seed(first_seen_of(docs), blobs)
 
 
+# Foreign jobs named one by one in the status README; the rest are counted (any job can submit
+# thousands of jobs that claim to be argus's: they must not grow every status commit).
+MAX_FOREIGN_NOTES = 20
+
+
 def _notes(revision: Revision, observation: Observation, desired: DesiredState, plan: Plan) -> list[str]:
     """What the status branch's README says about this tick, besides each object's status."""
+    foreign = observation.foreign
+    more = len(foreign) - MAX_FOREIGN_NOTES
     return [
         *revision.notes,
         *observation.serve.settings_mismatch(desired.cluster),
@@ -299,8 +306,9 @@ def _notes(revision: Revision, observation: Observation, desired: DesiredState, 
             # repr: the id and claims are the job's metadata, anyone with the cluster's token writes them.
             f"foreign job {j.submission_id!r} ({'claims ' + repr(j.claims) if j.claims else 'argus-like id'}) "
             "has no valid ownership proof: ignored, never counted as a run"
-            for j in observation.foreign
+            for j in foreign[:MAX_FOREIGN_NOTES]
         ),
+        *([f"and {more} more foreign jobs without a valid ownership proof (ignored)"] if more > 0 else []),
     ]
 
 

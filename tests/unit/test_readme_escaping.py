@@ -46,3 +46,22 @@ def test_errors_and_the_daemon_error_are_one_line_code_spans() -> None:
 def test_a_row_keeps_its_seven_cells() -> None:
     row = readme_row("users/a/tasks/t.yaml", {"submission_id": "x | y`\n| z", "state": "A|B", "sync": "s"})
     assert row.count(" | ") == 6 and "\n" not in row
+
+
+def test_a_flood_of_foreign_jobs_is_counted_not_listed(tmp_path: Path) -> None:
+    """Any job can submit thousands of jobs that claim to be argus's: the README names the first
+    MAX_FOREIGN_NOTES and counts the rest, so no status commit grows with them."""
+    from reconciler.tick import MAX_FOREIGN_NOTES
+
+    repo, ray = _repo(tmp_path), FakeRay()
+    flood = MAX_FOREIGN_NOTES + 500
+    for i in range(flood):
+        sid = f"argus--x{i:04d}"
+        ray.jobs[sid] = {"submission_id": sid, "status": "PENDING", "metadata": {"managed-by": "argus"}}
+    daemon = _daemon(repo, ray)
+    daemon.run_once()
+    daemon.run_once()
+    text = _readme(repo)
+    assert sum("foreign job 'argus--x" in line for line in text.splitlines()) == MAX_FOREIGN_NOTES
+    assert "and 500 more foreign jobs" in text
+    assert len(text.encode()) < 64 * 1024, len(text.encode())
