@@ -124,6 +124,12 @@ class RunSightings:
             sid = job.submission_id
             record = recorded.get(sid, RunRecord())
             seen = self._seen.get(sid) or self._seeded(record, now)
+            if sid not in recorded and seen.ended is not None:
+                # Its record is gone with its task's file: the end argus saw is kept nowhere a
+                # restarted daemon would read it, so Ray's status is believed again, as it would
+                # be then (a run Ray calls active is stopped, as its file's deletion asks; the
+                # submission bound stays, which bills no more).
+                seen.ended = seen.status = seen.end = None
             kept[sid] = seen
             out.append(self._bounded(job, seen, record, now, asked))
         self._seen = kept

@@ -171,6 +171,17 @@ def _apply_step(world: World, step: tuple[Any, ...]) -> None:
         ("ray", 1, "RUNNING"),
     ]
 )
+@example(
+    [
+        ("ray", 0, "RUNNING"),
+        ("task", ("alice", "b"), 1, "true", False, None),
+        ("gpus", 0),
+        ("ray", 0, "RUNNING"),
+        ("ray", 0, "FAILED"),
+        ("delete", ("alice", "b"), "tasks"),
+        ("ray", 0, "RUNNING"),
+    ]
+)
 def test_a_running_daemon_decides_what_a_restarted_one_would(sequence: list[tuple[Any, ...]]) -> None:
     with tempfile.TemporaryDirectory(prefix="argus-equiv-") as tmp:
         world = _world(Path(tmp))
