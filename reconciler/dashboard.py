@@ -67,24 +67,35 @@ def _token(environ: Mapping[str, str] | None, names: tuple[str, ...], path_name:
     return token
 
 
+JOBS_TOKEN_NAMES = "ARGUS_RAY_TOKEN, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH"
+SERVING_TOKEN_NAMES = "ARGUS_SERVING_RAY_TOKEN or ARGUS_SERVING_RAY_TOKEN_PATH"
+
+
 class Clusters:
     """The Ray clusters argus talks to: ``jobs``, where tasks run (and models, unless cluster.yaml's
     ``serving.ray_address`` names a cluster of their own), and that serving cluster's dashboard,
     made on first use and kept while the address stays the same (one at a time). Thread-safe: the
     tick and the Serve watch both ask. ``token``: the serving cluster's (default:
-    :func:`serving_token_from_env`, read when its dashboard is made); ``make``: how that dashboard
-    is made from its address and token (default: a :class:`Dashboard`; tests give a stand-in)."""
+    :func:`serving_token_from_env`, read when its dashboard is made); ``pinned``: the only address
+    that token is sent to (default: ``ARGUS_SERVING_RAY``): the repository may name the serving
+    cluster, but where a key goes is decided outside it, as the key is; ``make``: how that
+    dashboard is made from its address and token (default: a :class:`Dashboard`; tests give a
+    stand-in)."""
 
     def __init__(
         self,
         jobs: Dashboard,
         *,
         token: str | None = "",
+        pinned: str | None = "",
         make: Callable[[str, str | None], Dashboard] | None = None,
     ) -> None:
         self.jobs = jobs
         self._token = token
-        self._make = make or (lambda address, token: Dashboard(address, jobs.timeout, token=token))
+        self._pinned = (os.environ.get("ARGUS_SERVING_RAY", "").strip() or None) if pinned == "" else pinned
+        self._make = make or (
+            lambda address, token: Dashboard(address, jobs.timeout, token=token, token_names=SERVING_TOKEN_NAMES)
+        )
         self._lock = threading.Lock()
         self._serving: Dashboard | None = None
 
@@ -92,17 +103,26 @@ class Clusters:
         """The dashboard models are deployed through for a cluster.yaml whose
         ``serving.ray_address`` is ``address`` (None, or the jobs cluster's own: ``jobs``).
 
-        Raises RayUnavailable when the serving cluster's token file cannot be read (the daemon
-        backs off and applies nothing, as when that cluster does not answer)."""
+        Raises RayUnavailable when the serving cluster's token file cannot be read, or a token is
+        set and ``address`` is not the pinned one (the daemon backs off and applies nothing, as
+        when that cluster does not answer)."""
         if address is None or address.rstrip("/") == self.jobs.base_url:
             return self.jobs
+        address = address.rstrip("/")
         with self._lock:
-            if self._serving is None or self._serving.base_url != address.rstrip("/"):
+            if self._serving is None or self._serving.base_url != address:
                 try:
                     token = serving_token_from_env() if self._token == "" else self._token
                 except ArgusError as exc:
                     raise RayUnavailable(f"the serving cluster {address}: {exc}") from exc
-                self._serving = self._make(address.rstrip("/"), token)
+                pinned = self._pinned.rstrip("/") if self._pinned else None
+                if token is not None and pinned != address:
+                    raise RayUnavailable(
+                        f"cluster.yaml's serving.ray_address is {address}, but the serving cluster's token is sent "
+                        f"only to ARGUS_SERVING_RAY ({pinned or 'unset'}): set ARGUS_SERVING_RAY to that dashboard "
+                        "in the daemon's environment (a commit cannot send a key elsewhere)"
+                    )
+                self._serving = self._make(address, token)
             return self._serving
 
 
@@ -112,9 +132,12 @@ class Dashboard:
     ``token`` is the Ray auth token to send; by default it comes from the environment (:func:`token_from_env`).
     """
 
-    def __init__(self, base_url: str, timeout: float = 30.0, *, token: str | None = "") -> None:
+    def __init__(
+        self, base_url: str, timeout: float = 30.0, *, token: str | None = "", token_names: str = JOBS_TOKEN_NAMES
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.token_names = token_names  # where its token comes from, for a refusal's message
         # "" means "not given": read the environment; None means "send no token".
         self._token = token_from_env() if token == "" else token
 
@@ -128,7 +151,7 @@ class Dashboard:
         if data is not None:
             req.add_header("Content-Type", "application/json")
         if self._token:
-            req.add_header("Authorization", f"Bearer {self._token}")
+            req.add_unredirected_header("Authorization", f"Bearer {self._token}")  # never to a redirect's host
         try:
             with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
                 raw = resp.read()
@@ -139,7 +162,7 @@ class Dashboard:
                 # on an object's spec, so it backs off like an outage instead of failing objects.
                 raise RayUnavailable(
                     f"Ray dashboard {self.base_url} refused argus's credentials (HTTP {exc.code}: {text[:200]}): "
-                    "set ARGUS_RAY_TOKEN, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH to the cluster's Ray auth token"
+                    f"set {self.token_names} to the cluster's Ray auth token"
                 ) from exc
             raise DashboardError(method, path, exc.code, text) from exc
         except (urllib.error.URLError, OSError) as exc:

@@ -118,6 +118,7 @@ class Applier:
         self._retrying: dict[_Attempt, str] = {}
         self._backoff = Backoff()
         self._put_memo: dict[str, Any] = {}
+        self._put_to: Dashboard | None = None  # the dashboard _put_memo is of
         self._serve_events = ServeEventLog()
 
     def apply(
@@ -346,8 +347,12 @@ class Applier:
         events: list[ServeEvent] = []
 
         def put() -> None:
+            dash = self.clusters.serving(desired.cluster.serving.ray_address)
+            if dash is not self._put_to:
+                # Another cluster: what was put, kept and backed off on the last one says nothing of it.
+                self._put_memo, self._put_to = {}, dash
             out.serve_put = apply_serve(
-                self.clusters.serving(desired.cluster.serving.ray_address),
+                dash,
                 list(apps.values()),
                 serve,
                 desired.cluster,

@@ -129,11 +129,11 @@ class RayLogs:
         max_readers: int = 3,
         per_requester: int = 2,
         sleep: Callable[[float], None] = time.sleep,
-        serving: Callable[[], Dashboard] | None = None,
+        serving: Callable[[], Dashboard | None] | None = None,
     ) -> None:
         self.dash = dash
         # Where models' logs are read: the cluster they run on (cluster.yaml's serving.ray_address).
-        self.serving = serving if serving is not None else (lambda: dash)
+        self.serving: Callable[[], Dashboard | None] = serving if serving is not None else (lambda: dash)
         self.redact = redact
         self.ownership_key = ownership_key
         self.poll_s = poll_s
@@ -338,7 +338,7 @@ class RayLogs:
     def deployed_model_spec(self, user: str, name: str, doc: Mapping[str, Any]) -> Any:
         """The Serve application argus deployed for a model (source path, engine arguments, tensor
         parallel size, replicas, resources), values redacted. Raises LogNotFound, RayUnavailable."""
-        app, info = self._app(user, name, doc)
+        app, info = self._app(self._serving(user, name), user, name, doc)
         config = info.get("deployed_app_config") or {}
         return self._redacted({"application": app, **{k: v for k, v in config.items() if k != "name"}})
 
@@ -353,9 +353,17 @@ class RayLogs:
             return [self._redacted(v) for v in data]
         return self.redact(data) if isinstance(data, str) else data
 
-    def _app(self, user: str, name: str, doc: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
+    def _serving(self, user: str, name: str) -> Dashboard:
+        """The dashboard of the cluster models run on. Raises LogNotFound before the daemon has
+        observed it (the jobs cluster may not be it, and a job could deploy a look-alike there)."""
+        dash = self.serving()
+        if dash is None:
+            raise LogNotFound(f"{user}/models/{name}: the daemon has not observed Serve yet")
+        return dash
+
+    def _app(self, dash: Dashboard, user: str, name: str, doc: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
         app = app_name(user, name)
-        details = self.serving().get("/api/serve/applications/") or {}
+        details = dash.get("/api/serve/applications/") or {}
         apps = details.get("applications") if isinstance(details, Mapping) else None
         info = (apps or {}).get(app)
         if not isinstance(info, Mapping):
@@ -369,7 +377,8 @@ class RayLogs:
     def model_log(self, user: str, name: str, doc: Mapping[str, Any]) -> str:
         """The model's Serve application, deployment and replica status messages and the last
         lines of each replica's log, redacted. Raises LogNotFound, RayUnavailable."""
-        app, info = self._app(user, name, doc)
+        dash = self._serving(user, name)
+        app, info = self._app(dash, user, name, doc)
         lines = [f"application {app}: {info.get('status')}"]
         lines += _indented(info.get("message"))
         replicas: list[Mapping[str, Any]] = []
@@ -383,12 +392,12 @@ class RayLogs:
                 )
                 replicas.append(rep)
         for rep in replicas[:MAX_REPLICAS_SHOWN]:
-            tail = self._replica_tail(rep)
+            tail = self._replica_tail(dash, rep)
             if tail:
                 lines += ["", f"--- last lines of replica {rep.get('replica_id')} ---", *tail]
         return self.redact("\n".join(lines) + "\n")
 
-    def _replica_tail(self, rep: Mapping[str, Any]) -> list[str]:
+    def _replica_tail(self, dash: Dashboard, rep: Mapping[str, Any]) -> list[str]:
         """The last lines of a replica's Serve log (where its errors go); [] when Ray has none."""
         node, path = rep.get("node_id"), str(rep.get("log_file_path") or "")
         if not node or not path:
@@ -397,7 +406,7 @@ class RayLogs:
             {"node_id": node, "filename": path.lstrip("/"), "lines": REPLICA_LOG_LINES, "timeout": 5}
         )
         with contextlib.suppress(ArgusError, OSError, http.client.HTTPException):
-            with self.serving().stream(f"/api/v0/logs/file?{query}", timeout=10) as stream:
+            with dash.stream(f"/api/v0/logs/file?{query}", timeout=10) as stream:
                 found = read_last(stream, REPLICA_LOG_BYTES, deadline=time.monotonic() + 10)
             return found.text.splitlines()[-REPLICA_LOG_LINES:]
         return []

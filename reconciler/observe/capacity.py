@@ -21,7 +21,7 @@ from typing import Any
 from reconciler.dashboard import Dashboard
 from reconciler.errors import RayUnavailable
 from reconciler.plan.actual import Capacity, NodeCapacity
-from reconciler.plan.placement import MODEL_POOL, POOL_PREFIX, POOL_SIZE, TASK_POOL
+from reconciler.plan.placement import POOL_PREFIX, SERVING_NODE_PREFIX
 
 NODES_PATH = "/api/v0/nodes?detail=1&limit=10000"
 CLUSTER_STATUS_PATH = "/api/cluster_status"
@@ -51,29 +51,22 @@ def observe_capacity(dash: Dashboard) -> Capacity:
 def merge_capacity(jobs: Capacity, serving: Capacity) -> Capacity:
     """The capacity of two clusters as one (the jobs cluster's and the serving cluster's, when
     cluster.yaml's ``serving.ray_address`` names one): totals and available summed, nodes listed
-    together, each offering its cluster's pool (:data:`~reconciler.plan.placement.TASK_POOL` or
-    :data:`~reconciler.plan.placement.MODEL_POOL`: tasks are placed on the first's nodes, models on
-    the second's) and the serving cluster's ids prefixed ``serving:``, so no two can be taken for
-    one. Per node it stays unknown (empty) if either cluster's is: a partial view would make a
-    request look larger than the clusters. Pure."""
+    together, the serving cluster's ids prefixed
+    :data:`~reconciler.plan.placement.SERVING_NODE_PREFIX` (the planner places tasks on the
+    first's nodes and models on the second's: :func:`~reconciler.plan.placement.pooled_nodes`).
+    Per node it stays unknown (empty) if either cluster's is: a partial view would make a request
+    look larger than the clusters. Two that share a node id are one cluster under two addresses:
+    ``jobs`` alone then (counted twice, its resources would be admitted twice). Pure."""
+    if {n.node_id for n in jobs.nodes} & {n.node_id for n in serving.nodes}:
+        return jobs
 
     def add(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
         return {k: a.get(k, 0.0) + b.get(k, 0.0) for k in sorted({*a, *b})}
 
     nodes: tuple[NodeCapacity, ...] = ()
     if jobs.nodes and serving.nodes:
-        nodes = pools(jobs, TASK_POOL).nodes + tuple(
-            replace(n, node_id=f"serving:{n.node_id}") for n in pools(serving, MODEL_POOL).nodes
-        )
+        nodes = jobs.nodes + tuple(replace(n, node_id=SERVING_NODE_PREFIX + n.node_id) for n in serving.nodes)
     return Capacity(add(jobs.total, serving.total), add(jobs.available, serving.available), nodes)
-
-
-def pools(capacity: Capacity, *names: str) -> Capacity:
-    """``capacity`` with each node offering the pools ``names`` (:data:`~reconciler.plan.placement.POOLS`):
-    one cluster that runs tasks and models while cluster.yaml names it for serving too offers both. Pure."""
-    offer = dict.fromkeys(names, POOL_SIZE)
-    nodes = tuple(replace(n, total={**n.total, **offer}, available={**n.available, **offer}) for n in capacity.nodes)
-    return replace(capacity, nodes=nodes)
 
 
 def parse_capacity(

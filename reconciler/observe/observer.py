@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reconciler.dashboard import Clusters, Dashboard
-from reconciler.observe.capacity import merge_capacity, observe_capacity, pools
+from reconciler.observe.capacity import merge_capacity, observe_capacity
 from reconciler.observe.disk import DiskMeter
 from reconciler.observe.jobs import ForeignJob, observe_job_records
 from reconciler.observe.probe import ModelProber, post_json
@@ -29,7 +29,6 @@ from reconciler.observe.serve import ServeObservation, observe_serve
 from reconciler.observe.sightings import RunSightings
 from reconciler.plan.actual import ActualJob, ActualModel, Capacity
 from reconciler.plan.disk import DiskUsage
-from reconciler.plan.placement import MODEL_POOL, TASK_POOL
 from reconciler.spec.types import ObjectKey, Paths
 
 log = logging.getLogger("argus")
@@ -72,8 +71,9 @@ class Observer:
     ) -> None:
         self.dash = dash
         self.clusters = clusters if clusters is not None else Clusters(dash)
-        self.serving_dash = dash  # the dashboard the last observation read Serve from
-        self._pooled = False  # the last observation's cluster.yaml named a serving cluster
+        # The dashboard the last observation read Serve from (None: none yet, and model logs and the
+        # Serve watch read nothing: before cluster.yaml is read, the jobs cluster may not be it).
+        self.serving_dash: Dashboard | None = None
         self.ownership_key = ownership_key
         self.serve_url = serve_url
         self._prober: ModelProber | None = None
@@ -106,11 +106,11 @@ class Observer:
         the cluster Serve is read from (None: the jobs cluster; capacity is then both clusters'
         together). Raises RayUnavailable (apply nothing then)."""
         serving = self.clusters.serving(serving_address)
-        if serving is not self.serving_dash or (serving_address is not None) != self._pooled:
+        if serving is not self.serving_dash:
             self.forget_capacity()  # the capacity kept was another pair of clusters'
-        self.serving_dash, self._pooled = serving, serving_address is not None
+        self.serving_dash = serving
         serve = observe_serve(self.serving_dash)
-        prober = self._model_prober(http_port) if http_port is not None else None
+        prober = self._model_prober(http_port, serving) if http_port is not None else None
         models = prober.check(serve.models, serve.apps, serve.replica_ids) if prober else dict(serve.models)
         asked = self.clock()
         jobs = observe_job_records(self.dash, self.ownership_key, paths, self._checkpoints)
@@ -151,18 +151,16 @@ class Observer:
         if seen is not None and now - seen[0] < self.CAPACITY_MAX_AGE_S:
             return seen[1]
         capacity = observe_capacity(self.dash)
-        if self.serving_dash is not self.dash:
+        if self.serving_dash is not None and self.serving_dash is not self.dash:
             capacity = merge_capacity(capacity, observe_capacity(self.serving_dash))
-        elif self._pooled:  # cluster.yaml names the tasks' own cluster for serving: one pool of both
-            capacity = pools(capacity, TASK_POOL, MODEL_POOL)
         self._capacity = (now, capacity)
         return capacity
 
-    def _model_prober(self, http_port: int) -> ModelProber | None:
-        """The prober of this Serve endpoint (one, kept between ticks: it owns the verdicts)."""
+    def _model_prober(self, http_port: int, serving: Dashboard) -> ModelProber | None:
+        """The prober of the Serve proxy beside ``serving`` (one, kept between ticks: it owns the verdicts)."""
         if self.serve_url is None:
             return None
-        url = self.serve_url or serve_url_beside(self.serving_dash.base_url, http_port)
+        url = self.serve_url or serve_url_beside(serving.base_url, http_port)
         if self._prober is None or self._prober.serve_url != url.rstrip("/"):
             if self._prober is not None:
                 self._prober.close()

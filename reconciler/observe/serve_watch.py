@@ -47,13 +47,14 @@ class ServeWatch:
 
     def __init__(
         self,
-        dash: Dashboard | Callable[[], Dashboard],
+        dash: Dashboard | Callable[[], Dashboard | None],
         wake: Callable[[], None],
         stop: threading.Event,
         interval: float,
     ) -> None:
-        # A callable: the dashboard to read now (the serving cluster can change with cluster.yaml).
-        self._dash: Callable[[], Dashboard] = dash if callable(dash) else (lambda: dash)
+        # A callable: the dashboard to read now (the serving cluster can change with cluster.yaml;
+        # None: not known yet, nothing is read).
+        self._dash: Callable[[], Dashboard | None] = dash if callable(dash) else (lambda: dash)
         self.wake = wake
         self.stop = stop
         self.interval = max(interval, MIN_WATCH_S)
@@ -66,8 +67,11 @@ class ServeWatch:
 
     def check(self) -> bool:
         """Read Serve once; True (after calling ``wake``) when it changed since the last read."""
+        dash = self._dash()
+        if dash is None:
+            return False
         try:
-            seen = fingerprint(self._dash().get(SERVE_APPS_PATH) or {})
+            seen = fingerprint(dash.get(SERVE_APPS_PATH) or {})
         except Exception as exc:  # Ray away or slow: the ticks say so; the watch reads again later
             log.debug("serve watch: %r", exc)
             return False

@@ -32,7 +32,15 @@ from reconciler.plan.actions import Action, ActionType, Plan
 from reconciler.plan.actual import ActualState, Capacity, NodeCapacity
 from reconciler.plan.demand import model_resources_per_replica, task_resources
 from reconciler.plan.diff import summarise
-from reconciler.plan.placement import demand_parts, model_parts, never_fits, request_parts, task_parts, unit_of
+from reconciler.plan.placement import (
+    demand_parts,
+    model_parts,
+    never_fits,
+    pooled_nodes,
+    request_parts,
+    task_parts,
+    unit_of,
+)
 from reconciler.plan.preemption import choose_victims, may_preempt, reclaim_outlook, running_work, victim_action
 from reconciler.plan.quota import EPS, Ledger, firm_over, firm_rule, fmt, protected_replicas, protection, quota_use
 from reconciler.spec.types import GPU, NO_TEAM, ClusterSpec, DesiredState, ObjectKey
@@ -127,6 +135,7 @@ def unschedulable(
     ``argus plan --actual`` passes the cluster's ``total`` and its ``nodes``)."""
     out: list[tuple[ObjectKey, str]] = []
     cluster = desired.cluster
+    nodes = pooled_nodes(nodes, cluster)
     for key, model in sorted(desired.models.items()):
         if model.suspend or model.replicas == 0:
             continue
@@ -216,7 +225,7 @@ def admit(
         never = f"ExceedsMaxQuota: {never}" if never else over_cluster(cand.request, capacity.total)
         unit = unit_of(action.key)
         if never is None and capacity.nodes:
-            never = never_fits(request_parts(desired, action.key), capacity.nodes, unit)
+            never = never_fits(request_parts(desired, action.key), pooled_nodes(capacity.nodes, cluster), unit)
         if never is not None:
             held[action.key] = len(out)
             out.append(_unschedulable(action, never))
@@ -230,8 +239,11 @@ def admit(
         # A shortage on single nodes only never preempts: argus does not observe on which node
         # running work is, so it cannot tell whose stop would make room on one node.
         if short is not None and short.kind not in ("user", "node", "firm") and preempting and not behind:
+            # With models on a cluster of their own, stopping a task frees nothing a model can
+            # use, and the other way round: only work of the request's own kind may make room.
+            mine = work if cluster.serving.ray_address is None else [w for w in work if w.key.kind == action.key.kind]
             victims = choose_victims(
-                ledger, action.key, priority[action.key], amount, action.demand, work, taken, now, actual.preempted
+                ledger, action.key, priority[action.key], amount, action.demand, mine, taken, now, actual.preempted
             )
             for victim, why in victims or []:
                 taken.add(victim.key)

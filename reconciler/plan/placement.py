@@ -48,9 +48,11 @@ PACKED_KEPT = 256
 # Past this many nodes a reason counts node sizes ("2 x 8, 3 x 4 GPUs") instead of listing each.
 LISTED_NODES = 8
 # With models on a Ray cluster of their own (cluster.yaml serving.ray_address) each node offers the
-# pool of its cluster (reconciler/observe/capacity.py marks them) and each part asks for its kind's:
-# a task's parts land on the tasks' cluster's nodes, a model's replicas on the serving cluster's.
-# Only the planner's packing sees them (never Ray, never the sums); a part's pool is not used up.
+# pool of its cluster (:func:`pooled_nodes`: the serving cluster's node ids carry SERVING_NODE_PREFIX,
+# reconciler/observe/capacity.py) and each part asks for its kind's: a task's parts land on the
+# tasks' cluster's nodes, a model's replicas on the serving cluster's. Only the planner's packing
+# sees them (never Ray, never the sums, never actual.json); a part's pool is not used up.
+SERVING_NODE_PREFIX = "serving:"
 POOL_PREFIX = "argus.pool/"
 TASK_POOL = POOL_PREFIX + "tasks"
 MODEL_POOL = POOL_PREFIX + "models"
@@ -76,6 +78,33 @@ def model_parts(model: ModelSpec, cluster: ClusterSpec, replicas: int) -> tuple[
     """What ``replicas`` replicas of ``model`` place: each replica's resources on one node."""
     per = {k: v for k, v in model_resources_per_replica(model, cluster).items() if v > 0}
     return pooled(_nonempty([dict(per) for _ in range(max(0, replicas))]), "model", cluster)
+
+
+def pooled_nodes(nodes: Sequence[NodeCapacity], cluster: ClusterSpec) -> Sequence[NodeCapacity]:
+    """``nodes`` each offering the pools of its cluster when ``cluster`` runs models on a cluster of
+    their own: a node whose id carries :data:`SERVING_NODE_PREFIX` the models' pool, the others the
+    tasks'; when none does (the daemon sees one cluster: cluster.yaml names the tasks' own, or an
+    ``actual.json`` of one cluster), every node offers both. ``nodes`` itself otherwise. Remembered
+    for the last few node lists (a tick asks about the same nodes for every queued request)."""
+    if cluster.serving.ray_address is None or not nodes:
+        return nodes
+    seen = _POOLED.get(id(nodes))
+    if seen is not None and seen[0] is nodes:
+        return seen[1]
+    two = any(n.node_id.startswith(SERVING_NODE_PREFIX) for n in nodes)
+    both = {TASK_POOL: POOL_SIZE, MODEL_POOL: POOL_SIZE}
+    out = []
+    for n in nodes:
+        offer = {MODEL_POOL if n.node_id.startswith(SERVING_NODE_PREFIX) else TASK_POOL: POOL_SIZE} if two else both
+        out.append(NodeCapacity(n.node_id, {**n.total, **offer}, {**n.available, **offer}))
+    marked = tuple(out)
+    if len(_POOLED) >= _SEEN_MAX:
+        _POOLED.clear()
+    _POOLED[id(nodes)] = (nodes, marked)  # held, so its id is not reused while remembered
+    return marked
+
+
+_POOLED: dict[int, tuple[Sequence[NodeCapacity], tuple[NodeCapacity, ...]]] = {}
 
 
 def pooled(parts: Iterable[Part], kind: str, cluster: ClusterSpec) -> tuple[dict[str, float], ...]:

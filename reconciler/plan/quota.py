@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from reconciler.plan.actual import ActualModel, ActualState, Capacity, NodeCapacity, sub
-from reconciler.plan.placement import FreeNodes, Part, pack, pooled, short_on_nodes, task_parts
+from reconciler.plan.placement import FreeNodes, Part, pack, pooled, pooled_nodes, short_on_nodes, task_parts
 from reconciler.spec.hashing import model_spec_hash, task_spec_hash
 from reconciler.spec.types import (
     GPU,
@@ -226,7 +226,7 @@ class Ledger:
             ledger._cap_firm(cappable)
         ledger.managed = tuple(r for r in QUOTA_RESOURCES if any(r in t.nominal for t in cluster.teams.values()))
         if per_node:
-            ledger._nodes_of(capacity.nodes, pending)
+            ledger._nodes_of(tuple(pooled_nodes(capacity.nodes, cluster)), pending)
         return ledger
 
     def _count_firm(

@@ -20,7 +20,7 @@ def daemon_pages(
     ownership_key: bytes | None = None,
     endpoint: str = "",
     refresh_s: float = 5.0,
-    serving: Callable[[], Dashboard] | None = None,
+    serving: Callable[[], Dashboard | None] | None = None,
 ) -> PageHandler:
     """The status page and API over ``status_branch`` of the git repository at ``repo``.
 

@@ -2,7 +2,8 @@
 heads with token auth, each its own token, and ``argus run`` ticking.
 
 The jobs head runs the task; the serving head runs the model and the Serve proxy the endpoint
-forwards to. The daemon holds both tokens (``ARGUS_RAY_TOKEN``, ``ARGUS_SERVING_RAY_TOKEN``); the
+forwards to. The daemon holds both tokens (``ARGUS_RAY_TOKEN``, ``ARGUS_SERVING_RAY_TOKEN``, the
+latter sent only to ``ARGUS_SERVING_RAY``); the
 jobs cluster's token, the one every job's code holds, is refused by the serving cluster's dashboard,
 so no job can deploy, replace or call anything there. Admission sees both clusters' resources
 (``actual.json``'s capacity is their sum), and the model answers the official ``openai`` client
@@ -94,7 +95,9 @@ def env(tiny_llama: Path, hf_cache: Path, tmp_path_factory: pytest.TempPathFacto
     args = ["--repo", str(repo.bare), "--ray", jobs.dashboard_url, "--listen", f"127.0.0.1:{free_port()}"]
     args += ["--observe-interval", "1", "--cache-dir", str(root / "cache")]
     daemon_env = {k: v for k, v in os.environ.items() if not k.startswith(("ARGUS_", "RAY_AUTH"))}
-    daemon_env.update(ARGUS_RAY_TOKEN=JOBS_TOKEN, ARGUS_SERVING_RAY_TOKEN=SERVING_TOKEN)
+    daemon_env.update(
+        ARGUS_RAY_TOKEN=JOBS_TOKEN, ARGUS_SERVING_RAY_TOKEN=SERVING_TOKEN, ARGUS_SERVING_RAY=serving.dashboard_url
+    )
     daemon = ArgusRun(args, root / "daemon.log", daemon_env).start()
     try:
         yield Env(

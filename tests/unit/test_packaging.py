@@ -572,9 +572,15 @@ def test_the_serving_cluster_is_out_of_the_jobs_reach() -> None:
         assert "ports" not in service and "env_file" not in service, name
     for name in RAY_NODES:
         assert "serving" not in COMPOSE["services"][name].get("networks", []), name
+    assert SERVING["services"]["serving-worker-1"]["environment"]["ARGUS_WORKER_RESOURCES"] == "{}", "no driver slots"
+    for name in nodes:
+        assert SERVING["services"][name]["ulimits"]["memlock"] == {"soft": "-1", "hard": "-1"}, name
     argus = SERVING["services"]["argus"]
     assert argus["secrets"] == ["ray_auth_token", "serving_ray_auth_token"]
-    assert argus["environment"] == {"ARGUS_SERVING_RAY_TOKEN_PATH": "/run/secrets/serving_ray_auth_token"}
+    assert argus["environment"] == {
+        "ARGUS_SERVING_RAY_TOKEN_PATH": "/run/secrets/serving_ray_auth_token",
+        "ARGUS_SERVING_RAY": "http://serving-head:8265",  # where that token may go: pinned outside the repository
+    }
     assert SERVING["services"]["endpoint"]["environment"]["ARGUS_SERVE_URL"] == "http://serving-head:8001"
     assert set(SERVING["services"]) == {*nodes, "argus", "endpoint"}, "nothing else of the stack changes"
     script = (NODE / "argus-node").read_text()

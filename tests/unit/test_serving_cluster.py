@@ -4,6 +4,7 @@ The same against two real Ray heads: tests/e2e/test_serving_cluster.py."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +13,18 @@ import pytest
 from reconciler.builders.serve import ROUTER_APP, app_name
 from reconciler.dashboard import Clusters, Dashboard, serving_token_from_env
 from reconciler.errors import ArgusError, RayUnavailable
-from reconciler.observe.capacity import merge_capacity, parse_capacity, pools
-from reconciler.plan.actual import Capacity, NodeCapacity
-from reconciler.plan.placement import MODEL_POOL, TASK_POOL, model_parts, never_fits, pack, short_on_nodes, task_parts
+from reconciler.observe.capacity import merge_capacity, parse_capacity
+from reconciler.plan.actual import ActualState, Capacity, NodeCapacity
+from reconciler.plan.placement import (
+    MODEL_POOL,
+    TASK_POOL,
+    model_parts,
+    never_fits,
+    pack,
+    pooled_nodes,
+    short_on_nodes,
+    task_parts,
+)
 from reconciler.source.remote import open_source
 from reconciler.spec.loader import SourceFile, load
 from reconciler.spec.types import ClusterSpec, ModelSpec, ObjectKey, Serving
@@ -55,6 +65,7 @@ def test_models_go_to_the_serving_cluster_and_tasks_to_the_jobs_cluster(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ARGUS_SERVING_RAY_TOKEN", "serving-token")
+    monkeypatch.setenv("ARGUS_SERVING_RAY", SERVING_URL)
     jobs = FakeRay(gpus=2, base_url="http://jobs-ray:8265")
     serving = FakeRay(gpus=6, base_url=SERVING_URL)
     made: list[tuple[str, str | None]] = []
@@ -97,6 +108,14 @@ def test_the_serving_cluster_never_gets_the_jobs_token(monkeypatch: pytest.Monke
     token.write_text("from-a-file\n")
     monkeypatch.setenv("ARGUS_SERVING_RAY_TOKEN_PATH", str(token))
     assert serving_token_from_env() == "from-a-file"
+    # The token goes only where the daemon's environment pins it: a commit naming another address
+    # (a host a job listens on) gets nothing.
+    with pytest.raises(RayUnavailable, match="ARGUS_SERVING_RAY"):
+        Clusters(Dashboard("http://jobs:8265")).serving("http://job-listens-here:8265")
+    monkeypatch.setenv("ARGUS_SERVING_RAY", "http://other-serving:8265/")
+    clusters = Clusters(Dashboard("http://jobs:8265"))
+    with pytest.raises(RayUnavailable, match="only to ARGUS_SERVING_RAY"):
+        clusters.serving("http://job-listens-here:8265")
     other = clusters.serving("http://other-serving:8265")
     assert other.base_url == "http://other-serving:8265" and other._token == "from-a-file"
     token.write_text("")
@@ -107,12 +126,20 @@ def test_the_serving_cluster_never_gets_the_jobs_token(monkeypatch: pytest.Monke
         clusters.serving("http://other-serving-2:8265")
 
 
+def test_a_refusal_names_the_serving_clusters_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The serving cluster refusing its token says which variables to set (not the jobs cluster's)."""
+    monkeypatch.setenv("ARGUS_SERVING_RAY_TOKEN", "t")
+    monkeypatch.setenv("ARGUS_SERVING_RAY", SERVING_URL)
+    dash = Clusters(Dashboard("http://jobs:8265")).serving(SERVING_URL)
+    assert dash.token_names == "ARGUS_SERVING_RAY_TOKEN or ARGUS_SERVING_RAY_TOKEN_PATH"
+
+
 def test_capacity_of_two_clusters_is_their_sum() -> None:
     a = Capacity({"CPU": 8.0, "GPU": 2.0}, {"CPU": 4.0, "GPU": 1.0}, (NodeCapacity("n1", {"GPU": 2.0}, {"GPU": 1.0}),))
-    b = Capacity({"GPU": 4.0, "CPU": 2.0}, {"GPU": 4.0, "CPU": 2.0}, (NodeCapacity("n1", {"GPU": 4.0}, {"GPU": 4.0}),))
+    b = Capacity({"GPU": 4.0, "CPU": 2.0}, {"GPU": 4.0, "CPU": 2.0}, (NodeCapacity("n2", {"GPU": 4.0}, {"GPU": 4.0}),))
     both = merge_capacity(a, b)
     assert both.total == {"CPU": 10.0, "GPU": 6.0} and both.available == {"CPU": 6.0, "GPU": 5.0}
-    assert [n.node_id for n in both.nodes] == ["n1", "serving:n1"], "two clusters' node ids never collide"
+    assert [n.node_id for n in both.nodes] == ["n1", "serving:n2"], "the serving cluster's nodes are marked"
     # Per node unknown on either: unknown for both (a partial view would shrink the clusters).
     assert merge_capacity(a, Capacity({"GPU": 4.0}, {"GPU": 4.0})).nodes == ()
 
@@ -157,8 +184,11 @@ def model_spec(gpus: int) -> ModelSpec:
     )
 
 
+POOLED = pooled_nodes(TWO.nodes, SEPARATE)
+
+
 def _parts_on(parts: Any) -> dict[str, dict[str, float]] | None:
-    return pack(parts, {n.node_id: n.available for n in TWO.nodes})
+    return pack(parts, {n.node_id: n.available for n in POOLED})
 
 
 def test_tasks_are_placed_on_the_tasks_cluster_and_models_on_the_serving_cluster() -> None:
@@ -172,11 +202,11 @@ def test_tasks_are_placed_on_the_tasks_cluster_and_models_on_the_serving_cluster
     assert _parts_on(model_parts(model_spec(2), SEPARATE, 2)) == {"serving:b": {"GPU": 4.0}}
     # A third 2-GPU replica has no room on the serving cluster, whatever the tasks' node has free.
     assert _parts_on(model_parts(model_spec(2), SEPARATE, 3)) is None
-    assert never_fits(model_parts(model_spec(8), SEPARATE, 1), TWO.nodes, "replica") == (
+    assert never_fits(model_parts(model_spec(8), SEPARATE, 1), POOLED, "replica") == (
         "needs 1 replica x 8 GPUs but the largest node has 4 GPUs (nodes: 4 GPUs) on the serving Ray cluster"
     )
     big = task_spec("alice", "big", gpus_per_node=4, command="true")
-    assert never_fits(task_parts(big, SEPARATE), TWO.nodes, "node") == (
+    assert never_fits(task_parts(big, SEPARATE), POOLED, "node") == (
         "needs 1 node x 4 GPUs but the largest node has 2 GPUs (nodes: 2 GPUs) on the tasks' Ray cluster"
     )
     # The pool is where a part goes, not something it uses up: many parts share a node.
@@ -187,8 +217,8 @@ def test_tasks_are_placed_on_the_tasks_cluster_and_models_on_the_serving_cluster
 
 
 def test_short_on_nodes_speaks_of_the_objects_cluster() -> None:
-    totals = {n.node_id: n.total for n in TWO.nodes}
-    free = {n.node_id: n.available for n in TWO.nodes}
+    totals = {n.node_id: n.total for n in POOLED}
+    free = {n.node_id: n.available for n in POOLED}
     free["serving:b"] = {**free["serving:b"], "GPU": 1.0}
     why = short_on_nodes(model_parts(model_spec(2), SEPARATE, 1), free, totals, "replica")
     assert why == (
@@ -199,12 +229,23 @@ def test_short_on_nodes_speaks_of_the_objects_cluster() -> None:
 
 
 def test_one_cluster_named_for_serving_too_offers_both_pools() -> None:
+    """cluster.yaml names the tasks' own cluster for serving (or an actual.json of one cluster is
+    planned against): no node is the serving cluster's, so every node takes both kinds."""
     node = {"GPU": 4.0, "worker_node": 1.0}
-    one = pools(Capacity(dict(node), dict(node), (NodeCapacity("a", node, node),)), TASK_POOL, MODEL_POOL)
+    one = pooled_nodes((NodeCapacity("a", node, node),), SEPARATE)
     job = task_spec("a", "t", gpus_per_node=2, command="true")
     both = model_parts(model_spec(2), SEPARATE, 1) + task_parts(job, SEPARATE)
-    assert pack(both, {n.node_id: n.available for n in one.nodes}) == {"a": {"GPU": 4.0, "worker_node": 1.0}}
-    assert one.total == node, "pools are per node only, never in the sums"
+    assert pack(both, {n.node_id: n.available for n in one}) == {"a": {"GPU": 4.0, "worker_node": 1.0}}
+    assert pooled_nodes(TWO.nodes, ClusterSpec()) is TWO.nodes, "no serving cluster: the nodes as they are"
+
+
+def test_pools_stay_out_of_the_record_and_one_cluster_is_never_counted_twice() -> None:
+    """actual.json carries Ray's resources only (the pools are the planner's); the same cluster named
+    under a second address is counted once (its node ids are the same)."""
+    doc = ActualState(capacity=TWO).to_json()
+    assert "argus.pool" not in json.dumps(doc) and "serving:b" in json.dumps(doc)
+    same = Capacity({"GPU": 2.0}, {"GPU": 2.0}, (NodeCapacity("a", {"GPU": 2.0}, {"GPU": 2.0}),))
+    assert merge_capacity(same, same) is same
 
 
 def test_a_whole_tick_waits_for_the_right_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -235,3 +276,25 @@ def test_a_node_naming_an_argus_pool_is_not_believed() -> None:
     node = {"state": "ALIVE", "node_id": "n", "resources_total": {"GPU": 1.0, MODEL_POOL: 1e9, "argus.pool/x": 1.0}}
     capacity = parse_capacity([node], {}, {"n": {}})
     assert capacity.total == {"GPU": 1.0} and capacity.nodes[0].total == {"GPU": 1.0}
+
+
+def test_before_serve_is_observed_model_logs_and_the_watch_read_nothing() -> None:
+    """Until the daemon has read cluster.yaml and observed Serve, it does not know which cluster
+    models run on: the jobs cluster may not be it, and any job could deploy a look-alike of a
+    model's application there. Model logs are refused and the Serve watch reads nothing."""
+    from reconciler.errors import LogNotFound
+    from reconciler.logs.ray import RayLogs
+    from reconciler.observe.serve_watch import ServeWatch
+
+    jobs = FakeRay(gpus=2, base_url="http://jobs-ray:8265")
+    jobs.apps[BOB_APP] = {"name": BOB_APP, "route_prefix": None, "import_path": "x:y"}  # a look-alike
+    logs = RayLogs(jobs, lambda text: text, serving=lambda: None)
+    with pytest.raises(LogNotFound, match="not observed Serve yet"):
+        logs.model_log("bob", "chat", {})
+    with pytest.raises(LogNotFound, match="not observed Serve yet"):
+        logs.deployed_model_spec("bob", "chat", {})
+    woken: list[int] = []
+    import threading
+
+    watch = ServeWatch(lambda: None, lambda: woken.append(1), threading.Event(), 1.0)
+    assert watch.check() is False and woken == []
