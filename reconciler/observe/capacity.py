@@ -21,7 +21,7 @@ from typing import Any
 from reconciler.dashboard import Dashboard
 from reconciler.errors import RayUnavailable
 from reconciler.plan.actual import Capacity, NodeCapacity
-from reconciler.plan.placement import POOL_PREFIX, SERVING_NODE_PREFIX
+from reconciler.plan.pools import POOL_PREFIX, SERVING_NODE_PREFIX
 
 NODES_PATH = "/api/v0/nodes?detail=1&limit=10000"
 CLUSTER_STATUS_PATH = "/api/cluster_status"
@@ -52,8 +52,8 @@ def merge_capacity(jobs: Capacity, serving: Capacity) -> Capacity:
     """The capacity of two clusters as one (the jobs cluster's and the serving cluster's, when
     cluster.yaml's ``serving.ray_address`` names one): totals and available summed, nodes listed
     together, the serving cluster's ids prefixed
-    :data:`~reconciler.plan.placement.SERVING_NODE_PREFIX` (the planner places tasks on the
-    first's nodes and models on the second's: :func:`~reconciler.plan.placement.pooled_nodes`).
+    :data:`~reconciler.plan.pools.SERVING_NODE_PREFIX` (the planner places tasks on the
+    first's nodes and models on the second's: :func:`~reconciler.plan.pools.pooled_nodes`).
     Per node it stays unknown (empty) if either cluster's is: a partial view would make a request
     look larger than the clusters. Two that share a node id are one cluster under two addresses:
     ``jobs`` alone then (counted twice, its resources would be admitted twice). Pure."""

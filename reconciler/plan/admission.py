@@ -36,11 +36,11 @@ from reconciler.plan.placement import (
     demand_parts,
     model_parts,
     never_fits,
-    pooled_nodes,
     request_parts,
     task_parts,
     unit_of,
 )
+from reconciler.plan.pools import pooled_nodes
 from reconciler.plan.preemption import choose_victims, may_preempt, reclaim_outlook, running_work, victim_action
 from reconciler.plan.quota import EPS, Ledger, firm_over, firm_rule, fmt, protected_replicas, protection, quota_use
 from reconciler.spec.types import GPU, NO_TEAM, ClusterSpec, DesiredState, ObjectKey

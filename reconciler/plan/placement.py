@@ -37,9 +37,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from reconciler.plan.actions import Action
 from reconciler.plan.actual import NodeCapacity
 from reconciler.plan.demand import model_resources_per_replica
+from reconciler.plan.pools import POOL_WORDS, POOLS, Part, pool_of, pooled, unpooled
 from reconciler.spec.types import GPU, ClusterSpec, DesiredState, ModelSpec, ObjectKey, TaskSpec
 
-Part = Mapping[str, float]
 # A node's free resources in hashable form: nodes with equal shapes are interchangeable but for their ids.
 Shape = tuple[tuple[str, float], ...]
 EPS = 1e-9
@@ -47,18 +47,6 @@ EPS = 1e-9
 PACKED_KEPT = 256
 # Past this many nodes a reason counts node sizes ("2 x 8, 3 x 4 GPUs") instead of listing each.
 LISTED_NODES = 8
-# With models on a Ray cluster of their own (cluster.yaml serving.ray_address) each node offers the
-# pool of its cluster (:func:`pooled_nodes`: the serving cluster's node ids carry SERVING_NODE_PREFIX,
-# reconciler/observe/capacity.py) and each part asks for its kind's: a task's parts land on the
-# tasks' cluster's nodes, a model's replicas on the serving cluster's. Only the planner's packing
-# sees them (never Ray, never the sums, never actual.json); a part's pool is not used up.
-SERVING_NODE_PREFIX = "serving:"
-POOL_PREFIX = "argus.pool/"
-TASK_POOL = POOL_PREFIX + "tasks"
-MODEL_POOL = POOL_PREFIX + "models"
-POOLS = frozenset({TASK_POOL, MODEL_POOL})
-POOL_SIZE = 1e9  # what a marked node offers of its pool
-_POOL_WORDS = {TASK_POOL: "the tasks' Ray cluster", MODEL_POOL: "the serving Ray cluster"}
 
 
 def task_parts(task: TaskSpec, cluster: ClusterSpec) -> tuple[dict[str, float], ...]:
@@ -78,42 +66,6 @@ def model_parts(model: ModelSpec, cluster: ClusterSpec, replicas: int) -> tuple[
     """What ``replicas`` replicas of ``model`` place: each replica's resources on one node."""
     per = {k: v for k, v in model_resources_per_replica(model, cluster).items() if v > 0}
     return pooled(_nonempty([dict(per) for _ in range(max(0, replicas))]), "model", cluster)
-
-
-def pooled_nodes(nodes: Sequence[NodeCapacity], cluster: ClusterSpec) -> Sequence[NodeCapacity]:
-    """``nodes`` each offering the pools of its cluster when ``cluster`` runs models on a cluster of
-    their own: a node whose id carries :data:`SERVING_NODE_PREFIX` the models' pool, the others the
-    tasks'; when none does (the daemon sees one cluster: cluster.yaml names the tasks' own, or an
-    ``actual.json`` of one cluster), every node offers both. ``nodes`` itself otherwise. Remembered
-    for the last few node lists (a tick asks about the same nodes for every queued request)."""
-    if cluster.serving.ray_address is None or not nodes:
-        return nodes
-    seen = _POOLED.get(id(nodes))
-    if seen is not None and seen[0] is nodes:
-        return seen[1]
-    two = any(n.node_id.startswith(SERVING_NODE_PREFIX) for n in nodes)
-    both = {TASK_POOL: POOL_SIZE, MODEL_POOL: POOL_SIZE}
-    out = []
-    for n in nodes:
-        offer = {MODEL_POOL if n.node_id.startswith(SERVING_NODE_PREFIX) else TASK_POOL: POOL_SIZE} if two else both
-        out.append(NodeCapacity(n.node_id, {**n.total, **offer}, {**n.available, **offer}))
-    marked = tuple(out)
-    if len(_POOLED) >= _SEEN_MAX:
-        _POOLED.clear()
-    _POOLED[id(nodes)] = (nodes, marked)  # held, so its id is not reused while remembered
-    return marked
-
-
-_POOLED: dict[int, tuple[Sequence[NodeCapacity], tuple[NodeCapacity, ...]]] = {}
-
-
-def pooled(parts: Iterable[Part], kind: str, cluster: ClusterSpec) -> tuple[dict[str, float], ...]:
-    """``parts`` of a ``kind`` ("task" or "model") object, each asking for its kind's pool when
-    ``cluster`` runs models on a Ray cluster of their own (:data:`TASK_POOL`); else as they are."""
-    if cluster.serving.ray_address is None:
-        return tuple(dict(p) for p in parts)
-    pool = MODEL_POOL if kind == "model" else TASK_POOL
-    return tuple({**p, pool: 1.0} for p in parts)
 
 
 def request_parts(desired: DesiredState, key: ObjectKey) -> tuple[dict[str, float], ...]:
@@ -360,16 +312,16 @@ def _never_fits(shapes: tuple[Shape, ...], totals: _Totals, unit: str) -> str | 
     free = FreeNodes({n.node_id: n.total for n in nodes})
     if pack(parts, free) is not None:
         return None
-    pool = _pool_of(parts)
+    pool = pool_of(parts)
     if pool is not None:
         # Said of the pool's cluster alone: its nodes, and the parts as Ray sees them.
-        nodes = [NodeCapacity(n.node_id, _unpooled(n.total)) for n in nodes if n.total.get(pool, 0.0) > 0]
-        parts = [_unpooled(p) for p in parts]
+        nodes = [NodeCapacity(n.node_id, unpooled(n.total)) for n in nodes if n.total.get(pool, 0.0) > 0]
+        parts = [unpooled(p) for p in parts]
         if not nodes:
-            return f"{_POOL_WORDS[pool]} reports no nodes"
+            return f"{POOL_WORDS[pool]} reports no nodes"
         free = FreeNodes({n.node_id: n.total for n in nodes})
         why = _never_fits_on(parts, nodes, free, unit)
-        return f"{why} on {_POOL_WORDS[pool]}" if why else None
+        return f"{why} on {POOL_WORDS[pool]}" if why else None
     return _never_fits_on(parts, nodes, free, unit)
 
 
@@ -405,19 +357,19 @@ def short_on_nodes(
     free = _grouped(free)
     if pack(parts, free) is not None:
         return None
-    pool = _pool_of(parts)
+    pool = pool_of(parts)
     if pool is not None:
         # Said of the pool's cluster alone: its nodes, and the parts as Ray sees them.
         inside = [n for n in free if free[n].get(pool, 0.0) > 0]
-        parts = [_unpooled(p) for p in parts]
-        free = FreeNodes({n: _unpooled(free[n]) for n in inside})
+        parts = [unpooled(p) for p in parts]
+        free = FreeNodes({n: unpooled(free[n]) for n in inside})
         totals = {n: totals.get(n, {}) for n in inside}
     main = _main_of(parts)
     bare = [{main: p[main]} for p in parts if p.get(main, 0.0) > 0]
     names = [main] if bare and pack(bare, free) is None else _names(parts)
     why = (
         f"insufficient capacity per node: needs {describe(parts, unit, names)}, each on one node; "
-        f"free per node{f' of {_POOL_WORDS[pool]}' if pool else ''}: {free.shown(totals, names)}"
+        f"free per node{f' of {POOL_WORDS[pool]}' if pool else ''}: {free.shown(totals, names)}"
     )
     return why, tuple(sorted(names))
 
@@ -510,15 +462,6 @@ def _main(res: Mapping[str, float]) -> str:
     if res.get(GPU, 0.0) > 0:
         return GPU
     return max(sorted(r for r in res if r not in POOLS), key=lambda r: res[r], default=GPU)
-
-
-def _pool_of(parts: Iterable[Part]) -> str | None:
-    """The pool ``parts`` ask for (:data:`POOLS`), None when none."""
-    return next((r for p in parts for r in p if r in POOLS), None)
-
-
-def _unpooled(res: Mapping[str, float]) -> dict[str, float]:
-    return {r: v for r, v in res.items() if r not in POOLS}
 
 
 def _largest_first(parts: Iterable[Part]) -> list[Part]:

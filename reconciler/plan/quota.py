@@ -31,7 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from reconciler.plan.actual import ActualModel, ActualState, Capacity, NodeCapacity, sub
-from reconciler.plan.placement import FreeNodes, Part, pack, pooled, pooled_nodes, short_on_nodes, task_parts
+from reconciler.plan.placement import FreeNodes, pack, short_on_nodes, task_parts
+from reconciler.plan.pools import Part, pooled, pooled_nodes
 from reconciler.spec.hashing import model_spec_hash, task_spec_hash
 from reconciler.spec.types import (
     GPU,

@@ -15,16 +15,8 @@ from reconciler.dashboard import Clusters, Dashboard, serving_token_from_env
 from reconciler.errors import ArgusError, RayUnavailable
 from reconciler.observe.capacity import merge_capacity, parse_capacity
 from reconciler.plan.actual import ActualState, Capacity, NodeCapacity
-from reconciler.plan.placement import (
-    MODEL_POOL,
-    TASK_POOL,
-    model_parts,
-    never_fits,
-    pack,
-    pooled_nodes,
-    short_on_nodes,
-    task_parts,
-)
+from reconciler.plan.placement import model_parts, never_fits, pack, short_on_nodes, task_parts
+from reconciler.plan.pools import MODEL_POOL, TASK_POOL, pooled_nodes
 from reconciler.source.remote import open_source
 from reconciler.spec.loader import SourceFile, load
 from reconciler.spec.types import ClusterSpec, ModelSpec, ObjectKey, Serving
